@@ -1,0 +1,6 @@
+//! Example services for the outbox framework: an order service that emits
+//! events and the consumers that react to them. `contracts` holds the event
+//! contracts; their committed schema registry is `schemas/` at the
+//! repository root.
+
+pub mod contracts;

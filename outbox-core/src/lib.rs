@@ -1,0 +1,40 @@
+//! # outbox-core
+//!
+//! Typed events and the transactional outbox for Rust services.
+//!
+//! - [`OutboxEvent`] (derive it with `#[derive(OutboxEvent)]`) turns a struct
+//!   into a versioned event contract: event type, aggregate type, schema
+//!   version, aggregate id, redacted fields, upcasting from older versions.
+//! - [`ContractRegistry`] lists every contract linked into the binary.
+//! - [`Envelope`] carries an event with its metadata and maps onto
+//!   CloudEvents attributes on the wire.
+//!
+//! The honest contract: the business change and the outbox row commit
+//! together or not at all; the relay publishes at least once; consumers
+//! apply their database effects once per (consumer, event id); ordering is
+//! per aggregate, never global.
+
+mod contract;
+mod envelope;
+mod redact;
+mod registry;
+pub mod trace;
+mod upcast;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use contract::{ContractKey, EventContract, OutboxEvent, PayloadError, UpcastKind, UpcastLink};
+pub use envelope::{Envelope, EnvelopeError, ce, dataschema_uri};
+pub use redact::{REDACTED, mask_fields};
+pub use registry::{ContractRegistry, RegistryError, RegistryErrors, submitted_contracts};
+pub use upcast::{BoxError, DecodeError, UpcastError};
+
+/// Derives [`OutboxEvent`] for a struct with named fields; see the crate
+/// README for every attribute.
+#[cfg(feature = "derive")]
+pub use outbox_derive::OutboxEvent;
+
+pub use schemars;
+pub use serde_json;

@@ -1,0 +1,16 @@
+use outbox_core::OutboxEvent;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+fn v3_to_v4(value: serde_json::Value) -> Result<serde_json::Value, outbox_core::UpcastError> {
+    Ok(value)
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "order.created", aggregate = "order", version = 3, upcast(from = 3, with = v3_to_v4))]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: String,
+}
+
+fn main() {}

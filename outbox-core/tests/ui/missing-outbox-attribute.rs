@@ -1,0 +1,11 @@
+use outbox_core::OutboxEvent;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: String,
+}
+
+fn main() {}

@@ -1,0 +1,12 @@
+use outbox_core::OutboxEvent;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: String,
+}
+
+fn main() {}

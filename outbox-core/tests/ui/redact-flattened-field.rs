@@ -1,0 +1,20 @@
+use outbox_core::OutboxEvent;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, JsonSchema)]
+struct Contact {
+    email: String,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "order.created", aggregate = "order", version = 1)]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: String,
+    #[serde(flatten)]
+    #[outbox(redact)]
+    contact: Contact,
+}
+
+fn main() {}

@@ -1,0 +1,16 @@
+use outbox_core::OutboxEvent;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "order.created", aggregate = "order", version = 1)]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: String,
+    #[outbox(aggregate_version)]
+    version: i64,
+    #[outbox(aggregate_version)]
+    revision: i64,
+}
+
+fn main() {}
