@@ -1,0 +1,5 @@
+//! `outbox-codegen`: check, diff and retire schema registry folders.
+
+fn main() -> std::process::ExitCode {
+    outbox_codegen::cli::run()
+}
