@@ -113,12 +113,33 @@ pub(crate) fn check_code(
 
     for (event_type, committed_type) in &committed.event_types {
         let code_versions: Vec<_> = registry.versions(event_type).collect();
-        let readable_from = code_versions.iter().map(|c| c.readable_from).min();
+        if let Some(current) = code_versions.last()
+            && current.aggregate_type != committed_type.aggregate_type
+        {
+            report.push(finding(
+                Severity::Error,
+                FindingKind::FrozenChanged,
+                event_type,
+                None,
+                None,
+                format!(
+                    "aggregate type changed from {} to {} ({}); an event type belongs to one aggregate for good: keep `aggregate = \"{}\"` or announce a new event type",
+                    committed_type.aggregate_type,
+                    current.aggregate_type,
+                    current.rust_type,
+                    committed_type.aggregate_type
+                ),
+            ));
+        }
         for version in committed_type.versions.keys() {
             if code_versions.iter().any(|c| c.schema_version == *version) {
                 continue;
             }
-            let readable = readable_from.is_some_and(|from| from <= *version);
+            // A contract reads the versions from its READABLE_FROM up to its
+            // own, not newer ones.
+            let readable = code_versions
+                .iter()
+                .any(|c| c.readable_from <= *version && *version <= c.schema_version);
             if !readable {
                 report.push(finding(
                     Severity::Error,
@@ -242,19 +263,40 @@ fn show(value: Option<Value>) -> String {
 fn check_model_rules(report: &mut Report, model: &RegistryModel) {
     for (event_type, entry) in &model.event_types {
         let current = entry.current_version();
-        for version in 1..=current {
-            if !entry.versions.contains_key(&version) && !entry.retired.contains_key(&version) {
+        // Holes as ranges: a hand-edited version number like 4294967295
+        // must give one finding, not billions.
+        let mut expected_next = 1u32;
+        let present: Vec<u32> = entry
+            .versions
+            .keys()
+            .chain(entry.retired.keys())
+            .copied()
+            .collect::<std::collections::BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        for version in present
+            .iter()
+            .copied()
+            .chain(std::iter::once(current.saturating_add(1)))
+        {
+            if version > expected_next {
+                let hole = if version - 1 == expected_next {
+                    format!("v{expected_next} is")
+                } else {
+                    format!("v{expected_next}..=v{} are", version - 1)
+                };
                 report.push(finding(
                     Severity::Error,
                     FindingKind::ChainHole,
                     event_type,
-                    Some(version),
+                    Some(expected_next),
                     None,
                     format!(
-                        "the version chain has a hole: v{version} is neither in the registry nor retired (versions run 1..={current})"
+                        "the version chain has a hole: {hole} neither in the registry nor retired (versions run 1..={current})"
                     ),
                 ));
             }
+            expected_next = version.saturating_add(1);
         }
         for (version, model_version) in &entry.versions {
             if *version <= 1 || entry.retired.contains_key(&(version - 1)) {

@@ -413,10 +413,10 @@ impl<'a> Walker<'a> {
     fn compare(&mut self, old: &'a Value, new: &'a Value, path: String) {
         let (old_resolved, old_ref) = Self::resolve(self.old_root, old);
         let (new_resolved, new_ref) = Self::resolve(self.new_root, new);
-        if let (Some(a), Some(b)) = (&old_ref, &new_ref) {
-            if !self.visited.insert((a.clone(), b.clone())) {
-                return;
-            }
+        if let (Some(a), Some(b)) = (&old_ref, &new_ref)
+            && !self.visited.insert((a.clone(), b.clone()))
+        {
+            return;
         }
         if strip_annotations(old_resolved) == strip_annotations(new_resolved)
             && !contains_ref(old_resolved)
@@ -476,18 +476,22 @@ impl<'a> Walker<'a> {
         let accepts = |set: &BTreeSet<String>, t: &str| {
             set.is_empty() || set.contains(t) || (t == "integer" && set.contains("number"))
         };
-        let widened = old.types.iter().all(|t| accepts(&new.types, t));
-        let narrowed = new.types.iter().all(|t| accepts(&old.types, t));
+        // An empty set is "any type": going from any to some types narrows,
+        // from some types to any widens (an empty `all` would say both).
+        let widened = !old.types.is_empty() && old.types.iter().all(|t| accepts(&new.types, t));
+        let narrowed = !new.types.is_empty() && new.types.iter().all(|t| accepts(&old.types, t));
         let from = type_list(&old.types);
         let to = type_list(&new.types);
-        let only_null_added = new.types.contains("null")
+        let only_null_added = !old.types.is_empty()
+            && new.types.contains("null")
             && !old.types.contains("null")
             && new
                 .types
                 .iter()
                 .filter(|t| *t != "null")
                 .eq(old.types.iter());
-        let only_null_removed = old.types.contains("null")
+        let only_null_removed = !new.types.is_empty()
+            && old.types.contains("null")
             && !new.types.contains("null")
             && old
                 .types
@@ -587,8 +591,16 @@ impl<'a> Walker<'a> {
             let (lo_b, hi_b) = new_range.unwrap_or((f64::NEG_INFINITY, f64::INFINITY));
             let widened = lo_b <= lo_a && hi_b >= hi_a;
             let narrowed = lo_b >= lo_a && hi_b <= hi_a;
-            let from = old.format.unwrap_or("unbounded");
-            let to = new.format.unwrap_or("unbounded");
+            // Name the formats; when both have the same one (only `minimum`
+            // or `maximum` changed), the bounds say what changed.
+            let (from, to) = if old.format == new.format {
+                (bounds_text(lo_a, hi_a), bounds_text(lo_b, hi_b))
+            } else {
+                (
+                    old.format.unwrap_or("unbounded").to_owned(),
+                    new.format.unwrap_or("unbounded").to_owned(),
+                )
+            };
             let description = if widened {
                 format!("{field}: numeric range widened ({from} → {to})")
             } else if narrowed {
@@ -743,11 +755,8 @@ impl<'a> Walker<'a> {
             }
         }
         let location = format!("{path}/additionalProperties");
-        let what = if path.is_empty() {
-            "the payload".to_owned()
-        } else {
-            format!("`{}`", field_name(path))
-        };
+        // `field_name` already quotes: "field `total`", "the payload".
+        let what = field_name(path);
         match (old.additional, new.additional) {
             (Additional::Allowed, Additional::Denied) => self.push(
                 &location,
@@ -886,6 +895,16 @@ fn integer_format_range(format: Option<&str>) -> Option<(f64, f64)> {
         "int" => (i64::MIN as f64, i64::MAX as f64),
         _ => return None,
     })
+}
+
+/// A numeric range in words: `0..=255`, `>= 1`, `<= 10`, `unbounded`.
+fn bounds_text(low: f64, high: f64) -> String {
+    match (low.is_finite(), high.is_finite()) {
+        (true, true) => format!("{low}..={high}"),
+        (true, false) => format!(">= {low}"),
+        (false, true) => format!("<= {high}"),
+        (false, false) => "unbounded".to_owned(),
+    }
 }
 
 /// The numeric range a shape admits, from its integer format and bounds.

@@ -122,15 +122,20 @@ pub(crate) fn diff(old: &LoadedFolder, new: &LoadedFolder) -> Report {
                     Severity::Note,
                     format!("upcaster from v{} present", link.version),
                 ),
-                (true, None) => (
+                (_, None) if after.retired.contains_key(&(version - 1)) => (
                     Severity::Note,
-                    "backward compatible without an upcaster".to_owned(),
+                    format!("v{} is retired, no upcaster needed", version - 1),
                 ),
-                (false, None) => (
+                (backward, None) => (
                     Severity::Error,
                     format!(
-                        "not backward compatible and no upcaster from v{}: add one",
-                        version - 1
+                        "no upcaster from v{} ({}); every version N > 1 needs one, as the check demands",
+                        version - 1,
+                        if backward {
+                            "backward compatible, but consumers still need the link"
+                        } else {
+                            "not backward compatible"
+                        }
                     ),
                 ),
             };

@@ -143,6 +143,18 @@ fn model_from_manifest(
                     entry.event_type
                 )));
             }
+            if let Some(link) = version.upcast_from
+                && link.version.checked_add(1) != Some(version.version)
+            {
+                return Err(bad(format!(
+                    "{} v{} has an upcaster from v{}; the upcaster into v{} reads v{}",
+                    entry.event_type,
+                    version.version,
+                    link.version,
+                    version.version,
+                    version.version - 1
+                )));
+            }
             let expected = schema_path(&entry.event_type, version.version);
             if version.schema != expected {
                 return Err(bad(format!(
@@ -186,6 +198,12 @@ fn model_from_manifest(
             }
         }
         for retirement in &entry.retired {
+            if retirement.version == 0 {
+                return Err(bad(format!(
+                    "{} retires version 0; versions start at 1",
+                    entry.event_type
+                )));
+            }
             if retirement.reason.trim().is_empty() {
                 return Err(bad(format!(
                     "{} v{} is retired without a reason; record why it could go",
@@ -287,11 +305,14 @@ pub(crate) fn write(dir: &Path, files: &BTreeMap<String, String>) -> io::Result<
     };
     let keep: BTreeSet<&String> = files.keys().collect();
     for relative in existing.keys() {
-        let is_schema_file = relative.contains('/')
-            && relative
-                .rsplit('/')
-                .next()
-                .is_some_and(|name| name.starts_with('v'));
+        // Only `<event_type>/v<N>.json` files are ours to remove.
+        let is_schema_file = relative.split_once('/').is_some_and(|(_, name)| {
+            name.strip_prefix('v')
+                .and_then(|rest| rest.strip_suffix(".json"))
+                .is_some_and(|digits| {
+                    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+                })
+        });
         if is_schema_file && !keep.contains(relative) && relative != ASYNCAPI_FILE {
             fs::remove_file(dir.join(relative))?;
             summary.removed.push(relative.clone());

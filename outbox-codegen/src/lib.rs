@@ -142,10 +142,15 @@ pub fn write_with(
     dir: &Path,
     mode: WriteMode,
 ) -> Result<WriteSummary, CodegenError> {
-    let committed = if dir.exists() {
-        Some(folder::load(dir)?)
-    } else {
+    // A folder that does not exist yet, or exists but is empty, is new.
+    let is_new = !dir.exists()
+        || std::fs::read_dir(dir)
+            .map(|mut entries| entries.next().is_none())
+            .unwrap_or(false);
+    let committed = if is_new {
         None
+    } else {
+        Some(folder::load(dir)?)
     };
     let model = generate::model_from_code(registry, committed.as_ref().map(|f| &f.model));
     let report = match &committed {

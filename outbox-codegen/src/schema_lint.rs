@@ -111,42 +111,40 @@ fn walk(root: &Value, node: &Value, pointer: &str) -> Result<(), LintProblem> {
                     ));
                 }
             }
-            "enum" => {
-                if !value.is_array() {
-                    return Err(problem(&here, "`enum` must be an array"));
-                }
+            "enum" if !value.is_array() => {
+                return Err(problem(&here, "`enum` must be an array"));
             }
             "$ref" => {
                 let Some(reference) = value.as_str() else {
                     return Err(problem(&here, "`$ref` must be a string"));
                 };
-                if let Some(local) = reference.strip_prefix('#') {
-                    if root.pointer(local).is_none() {
-                        return Err(problem(
-                            &here,
-                            format!("`$ref` {reference:?} does not resolve inside the file"),
-                        ));
-                    }
-                }
-            }
-            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf" => {
-                if !value.is_number() {
-                    return Err(problem(&here, format!("`{key}` must be a number")));
-                }
-            }
-            "minLength" | "maxLength" | "minItems" | "maxItems" | "minProperties"
-            | "maxProperties" => {
-                if !value.as_u64().is_some() {
+                if let Some(local) = reference.strip_prefix('#')
+                    && root.pointer(local).is_none()
+                {
                     return Err(problem(
                         &here,
-                        format!("`{key}` must be a non-negative integer"),
+                        format!("`$ref` {reference:?} does not resolve inside the file"),
                     ));
                 }
             }
-            "format" | "pattern" | "title" | "description" | "$schema" | "$id" | "$comment" => {
-                if !value.is_string() {
-                    return Err(problem(&here, format!("`{key}` must be a string")));
-                }
+            "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf"
+                if !value.is_number() =>
+            {
+                return Err(problem(&here, format!("`{key}` must be a number")));
+            }
+            "minLength" | "maxLength" | "minItems" | "maxItems" | "minProperties"
+            | "maxProperties"
+                if value.as_u64().is_none() =>
+            {
+                return Err(problem(
+                    &here,
+                    format!("`{key}` must be a non-negative integer"),
+                ));
+            }
+            "format" | "pattern" | "title" | "description" | "$schema" | "$id" | "$comment"
+                if !value.is_string() =>
+            {
+                return Err(problem(&here, format!("`{key}` must be a string")));
             }
             _ => {}
         }

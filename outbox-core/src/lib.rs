@@ -15,9 +15,13 @@
 //! per aggregate, never global.
 
 mod contract;
+#[cfg(feature = "postgres")]
+mod emit;
 mod envelope;
 mod redact;
 mod registry;
+#[cfg(feature = "postgres")]
+pub mod store;
 pub mod trace;
 mod upcast;
 
@@ -26,6 +30,8 @@ mod upcast;
 pub mod __private;
 
 pub use contract::{ContractKey, EventContract, OutboxEvent, PayloadError, UpcastKind, UpcastLink};
+#[cfg(feature = "postgres")]
+pub use emit::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft, Outbox, emit, emit_all};
 pub use envelope::{Envelope, EnvelopeError, ce, dataschema_uri};
 pub use redact::{REDACTED, mask_fields};
 pub use registry::{ContractRegistry, RegistryError, RegistryErrors, submitted_contracts};

@@ -1,1 +1,12 @@
-//! placeholder
+//! Test support for the integration and fault-injection tests: a fresh
+//! PostgreSQL schema per test, private nats-server processes that a test can
+//! stop and restart, and helpers to wait for conditions with a deadline.
+//! Every helper fails loudly (a panic naming the service and how to start
+//! it) when a service cannot be had: a test never skips.
+
+pub mod db;
+pub mod nats;
+pub mod wait;
+
+pub use db::TestDb;
+pub use nats::NatsServer;

@@ -1,0 +1,138 @@
+-- The outbox schema. Runs with search_path set to the configured schema, so
+-- names are unqualified; every object carries the outbox_ prefix.
+
+-- The outbox: one row per emitted event (the article's columns, plus a
+-- status for the failed state and the producer's idempotency key).
+CREATE TABLE outbox_events (
+    id                uuid        PRIMARY KEY,
+    aggregate_type    text        NOT NULL,
+    aggregate_id      text        NOT NULL,
+    aggregate_version bigint      NOT NULL,
+    event_type        text        NOT NULL,
+    schema_version    integer     NOT NULL CHECK (schema_version >= 1),
+    payload           jsonb       NOT NULL,
+    traceparent       text,
+    trace_id          text        GENERATED ALWAYS AS (nullif(split_part(traceparent, '-', 2), '')) STORED,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    status            text        NOT NULL DEFAULT 'pending'
+                                  CHECK (status IN ('pending', 'published', 'failed')),
+    published_at      timestamptz,
+    attempt_count     integer     NOT NULL DEFAULT 0,
+    next_attempt_at   timestamptz NOT NULL DEFAULT now(),
+    last_error        text,
+    failed_at         timestamptz
+);
+
+-- The claim index: only pending rows, in id (UUID v7, time) order. Its size
+-- follows the backlog, not the published history.
+CREATE INDEX outbox_events_pending_idx ON outbox_events (id) WHERE status = 'pending';
+
+-- One event per aggregate version; also what the relay's head check walks
+-- (only unpublished rows, so it does not grow with history).
+CREATE UNIQUE INDEX outbox_events_aggregate_version_key
+    ON outbox_events (aggregate_type, aggregate_id, aggregate_version);
+CREATE INDEX outbox_events_unpublished_idx
+    ON outbox_events (aggregate_type, aggregate_id, aggregate_version) WHERE status <> 'published';
+
+-- Retention walks published rows by age.
+CREATE INDEX outbox_events_published_idx ON outbox_events (published_at) WHERE status = 'published';
+
+-- Per-aggregate version counters for events whose contract carries no
+-- version: gap-free, assigned in commit order (the row lock serializes
+-- writers of one aggregate).
+CREATE TABLE outbox_aggregate_versions (
+    aggregate_type text   NOT NULL,
+    aggregate_id   text   NOT NULL,
+    version        bigint NOT NULL,
+    PRIMARY KEY (aggregate_type, aggregate_id)
+);
+
+-- Producer idempotency: a retried command with the same key emits nothing.
+CREATE TABLE outbox_idempotency_keys (
+    idempotency_key text        PRIMARY KEY,
+    event_id        uuid        NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now()
+);
+
+-- Aggregates whose head event is retrying or failed: their later events wait.
+CREATE TABLE outbox_blocked_aggregates (
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    head_event_id  uuid        NOT NULL,
+    blocked_since  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (aggregate_type, aggregate_id)
+);
+
+-- Relays that sleep until woken: emit sends NOTIFY only while one waits, so
+-- busy systems do not pay for the commit-time notification lock.
+CREATE TABLE outbox_relay_listeners (
+    relay_id     uuid        PRIMARY KEY,
+    waiting      boolean     NOT NULL DEFAULT false,
+    heartbeat_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Consumer inbox: one row per (consumer, event) processed.
+CREATE TABLE outbox_processed_events (
+    consumer_name text        NOT NULL,
+    event_id      uuid        NOT NULL,
+    processed_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_name, event_id)
+);
+
+-- Consumer positions per aggregate, for the ordering policies.
+CREATE TABLE outbox_consumer_positions (
+    consumer_name  text        NOT NULL,
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    version        bigint      NOT NULL,
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_name, aggregate_type, aggregate_id)
+);
+
+-- Messages that arrived ahead of a gap (strict ordering), kept until the
+-- missing version arrives or the wait times out.
+CREATE TABLE outbox_consumer_parked (
+    consumer_name     text        NOT NULL,
+    event_id          uuid        NOT NULL,
+    aggregate_type    text        NOT NULL,
+    aggregate_id      text        NOT NULL,
+    aggregate_version bigint      NOT NULL,
+    envelope          jsonb       NOT NULL,
+    parked_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_name, event_id)
+);
+CREATE INDEX outbox_consumer_parked_aggregate_idx
+    ON outbox_consumer_parked (consumer_name, aggregate_type, aggregate_id, aggregate_version);
+
+-- Quarantine (cannot be read) and dead letters (could not be handled):
+-- the raw message, its headers and the reason, for an operator.
+CREATE TABLE outbox_dead_letters (
+    id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer_name     text        NOT NULL,
+    kind              text        NOT NULL CHECK (kind IN ('quarantined', 'dead_lettered')),
+    event_id          uuid,
+    event_type        text,
+    schema_version    integer,
+    aggregate_type    text,
+    aggregate_id      text,
+    aggregate_version bigint,
+    headers           jsonb       NOT NULL DEFAULT '{}',
+    payload           bytea       NOT NULL,
+    reason            text        NOT NULL,
+    attempts          integer     NOT NULL DEFAULT 0,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    resolved_at       timestamptz,
+    resolution        text
+);
+CREATE INDEX outbox_dead_letters_open_idx ON outbox_dead_letters (consumer_name, created_at)
+    WHERE resolved_at IS NULL;
+
+-- Audit of replays: who, when, why, which ids.
+CREATE TABLE outbox_replays (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    requested_by text        NOT NULL,
+    reason       text        NOT NULL CHECK (length(trim(reason)) > 0),
+    target       text        NOT NULL,
+    event_ids    uuid[]      NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT now()
+);

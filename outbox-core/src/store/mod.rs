@@ -1,0 +1,11 @@
+//! The PostgreSQL store: schema name validation, embedded migrations, and
+//! the SQL text of every statement (`sql.rs`), built once per schema.
+
+mod migrate;
+mod schema;
+pub(crate) mod sql;
+
+pub use migrate::{MigrateError, migrate, migrations, migrator};
+#[allow(unused_imports)]
+pub(crate) use schema::validate_identifier;
+pub use schema::{ConfigError, SchemaName};
