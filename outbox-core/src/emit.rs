@@ -10,7 +10,6 @@
 
 use std::sync::{Arc, OnceLock};
 
-use chrono::{DateTime, SubsecRound, Utc};
 use serde_json::value::RawValue;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use uuid::Uuid;
@@ -125,7 +124,6 @@ pub struct EventDraft {
     aggregate_version: Option<i64>,
     payload: Box<RawValue>,
     traceparent: Option<String>,
-    created_at: DateTime<Utc>,
 }
 
 impl EventDraft {
@@ -140,7 +138,6 @@ impl EventDraft {
             aggregate_version: event.aggregate_version(),
             payload: event.to_payload()?,
             traceparent: trace::current().map(|tp| tp.to_string()),
-            created_at: Utc::now().trunc_subsecs(6),
         })
     }
 
@@ -241,7 +238,6 @@ impl Outbox {
         let mut schema_versions = Vec::with_capacity(drafts.len());
         let mut payloads = Vec::with_capacity(drafts.len());
         let mut traceparents = Vec::with_capacity(drafts.len());
-        let mut created_ats = Vec::with_capacity(drafts.len());
         for draft in drafts {
             ids.push(draft.id);
             aggregate_types.push(draft.aggregate_type);
@@ -251,7 +247,6 @@ impl Outbox {
             schema_versions.push(draft.schema_version as i32);
             payloads.push(sqlx::types::Json(draft.payload));
             traceparents.push(draft.traceparent);
-            created_ats.push(draft.created_at);
         }
         let rows = sqlx::query(AssertSqlSafe(self.inner.sql.batch.as_str()))
             .bind(&ids)
@@ -262,7 +257,6 @@ impl Outbox {
             .bind(&schema_versions)
             .bind(&payloads)
             .bind(&traceparents)
-            .bind(&created_ats)
             .bind(&self.inner.channel)
             .fetch_all(&mut *conn)
             .await
@@ -303,7 +297,6 @@ impl Outbox {
             .bind(draft.schema_version as i32)
             .bind(sqlx::types::Json(&draft.payload))
             .bind(&draft.traceparent)
-            .bind(draft.created_at)
             .bind(&self.inner.channel);
         if let Some(version) = draft.aggregate_version {
             query = query.bind(version);
@@ -314,17 +307,25 @@ impl Outbox {
         let conflict = draft
             .aggregate_version
             .map(|version| (draft.aggregate_type, draft.aggregate_id.as_str(), version));
-        let row = query
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|error| map_error(error, draft.event_type, conflict))?;
-        match row {
-            Some(row) => Ok(EmitOutcome::Emitted(Emitted {
-                event_id: draft.id,
-                aggregate_version: row.try_get(0).map_err(|source| EmitError::Database {
+        let fail = |error| map_error(error, draft.event_type, conflict);
+        // A carried version needs nothing back; a counted one comes back.
+        let written = match draft.aggregate_version {
+            Some(version) => {
+                let result = query.execute(&mut *conn).await.map_err(fail)?;
+                (result.rows_affected() == 1).then_some(version)
+            }
+            None => match query.fetch_optional(&mut *conn).await.map_err(fail)? {
+                Some(row) => Some(row.try_get(0).map_err(|source| EmitError::Database {
                     event_type: draft.event_type.into(),
                     source,
-                })?,
+                })?),
+                None => None,
+            },
+        };
+        match written {
+            Some(aggregate_version) => Ok(EmitOutcome::Emitted(Emitted {
+                event_id: draft.id,
+                aggregate_version,
             })),
             None => {
                 let key = key.unwrap_or_default();
