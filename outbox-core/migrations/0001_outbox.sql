@@ -34,6 +34,9 @@ CREATE UNIQUE INDEX outbox_events_aggregate_version_key
 CREATE INDEX outbox_events_unpublished_idx
     ON outbox_events (aggregate_type, aggregate_id, aggregate_version) WHERE status <> 'published';
 
+-- Failed rows are few and must be listed fast (status, replay).
+CREATE INDEX outbox_events_failed_idx ON outbox_events (id) WHERE status = 'failed';
+
 -- Retention walks published rows by age.
 CREATE INDEX outbox_events_published_idx ON outbox_events (published_at) WHERE status = 'published';
 

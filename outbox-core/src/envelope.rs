@@ -257,4 +257,21 @@ pub mod ce {
     pub const AGGREGATEVERSION: &str = "aggregateversion";
     /// Extension `traceparent` (CloudEvents distributed tracing).
     pub const TRACEPARENT: &str = "traceparent";
+
+    /// Every attribute the mapping writes.
+    pub const ALL: &[&str] = &[
+        SPECVERSION,
+        ID,
+        SOURCE,
+        TYPE,
+        SUBJECT,
+        TIME,
+        DATACONTENTTYPE,
+        DATASCHEMA,
+        SCHEMAVERSION,
+        AGGREGATETYPE,
+        AGGREGATEID,
+        AGGREGATEVERSION,
+        TRACEPARENT,
+    ];
 }

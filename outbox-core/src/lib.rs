@@ -18,11 +18,17 @@ mod contract;
 #[cfg(feature = "postgres")]
 mod emit;
 mod envelope;
+#[cfg(feature = "postgres")]
+pub mod metrics;
 mod redact;
 mod registry;
 #[cfg(feature = "postgres")]
+pub mod relay;
+#[cfg(feature = "postgres")]
 pub mod store;
 pub mod trace;
+#[cfg(feature = "postgres")]
+pub mod transport;
 mod upcast;
 
 #[doc(hidden)]

@@ -5,7 +5,10 @@
 //! it) when a service cannot be had: a test never skips.
 
 pub mod db;
+pub mod events;
+pub mod jetstream;
 pub mod nats;
+pub mod transports;
 pub mod wait;
 
 pub use db::TestDb;

@@ -2,10 +2,12 @@
 //! the SQL text of every statement (`sql.rs`), built once per schema.
 
 mod migrate;
+mod relay;
 mod schema;
 pub(crate) mod sql;
 
 pub use migrate::{MigrateError, migrate, migrations, migrator};
+pub use relay::{PgClaim, PgRelayStore, PgWakeups};
 #[allow(unused_imports)]
 pub(crate) use schema::validate_identifier;
 pub use schema::{ConfigError, SchemaName};

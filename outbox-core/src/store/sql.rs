@@ -149,3 +149,163 @@ impl EmitSql {
         }
     }
 }
+
+/// Relay statements.
+#[derive(Debug, Clone)]
+pub(crate) struct RelaySql {
+    /// Claims due events, a prefix per aggregate, locked until the claim
+    /// transaction ends. Binds: lock namespace (int4), limit (int8), the
+    /// statuses that block later versions (text[]), the idle timeout of the
+    /// claim transaction (text, e.g. '120000ms').
+    pub(crate) claim: String,
+    /// Records a batch outcome. Binds: published ids, failed ids, their
+    /// aggregate types, aggregate ids, errors, retry delays (ms), give-up
+    /// flags, and whether a failed head stops blocking (bool).
+    pub(crate) complete: String,
+    /// Upserts a relay's waiting flag. Binds: relay id, waiting.
+    pub(crate) set_waiting: String,
+    /// Removes a relay's listener row. Binds: relay id.
+    pub(crate) deregister: String,
+    /// Backlog figures. Binds: the outbox table's regclass text.
+    pub(crate) stats: String,
+    /// Lists blocked aggregates. Binds: limit.
+    pub(crate) blocked: String,
+    /// Deletes one batch of published rows older than an age. Binds: age
+    /// (seconds, float8), batch size.
+    pub(crate) purge_published: String,
+    /// Deletes one batch of idempotency keys older than an age. Binds: age
+    /// (seconds), batch size.
+    pub(crate) purge_keys: String,
+}
+
+impl RelaySql {
+    pub(crate) fn new(schema: &SchemaName) -> RelaySql {
+        let s = schema.quoted();
+        let claim = format!(
+            "WITH candidates AS MATERIALIZED (
+                SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version
+                FROM {s}.outbox_events e
+                WHERE e.status = 'pending'
+                  AND e.next_attempt_at <= now()
+                  AND NOT EXISTS (
+                      SELECT 1 FROM {s}.outbox_blocked_aggregates b
+                      WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
+                        AND b.head_event_id <> e.id)
+                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))
+                ORDER BY e.id
+                LIMIT $2
+                FOR UPDATE OF e SKIP LOCKED
+            ),
+            heads AS (
+                SELECT c.aggregate_type, c.aggregate_id
+                FROM candidates c
+                GROUP BY c.aggregate_type, c.aggregate_id
+                HAVING count(*) = (
+                    SELECT count(*) FROM {s}.outbox_events o
+                    WHERE o.aggregate_type = c.aggregate_type AND o.aggregate_id = c.aggregate_id
+                      AND o.status <> 'published' AND o.status = ANY($3)
+                      AND o.aggregate_version <= max(c.aggregate_version))
+            )
+            SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
+                   e.schema_version, e.payload, e.traceparent, e.created_at, e.attempt_count
+            FROM candidates c
+            JOIN heads h ON h.aggregate_type = c.aggregate_type AND h.aggregate_id = c.aggregate_id
+            JOIN {s}.outbox_events e ON e.id = c.id,
+            (SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS guard
+            ORDER BY e.aggregate_type, e.aggregate_id, e.aggregate_version"
+        );
+        let complete = format!(
+            "WITH published AS (
+                UPDATE {s}.outbox_events
+                SET status = 'published', published_at = now(), attempt_count = attempt_count + 1,
+                    last_error = NULL
+                WHERE id = ANY($1)
+                RETURNING id, aggregate_type, aggregate_id
+            ),
+            failures AS (
+                SELECT * FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::boolean[])
+                    AS f(id, aggregate_type, aggregate_id, error, delay_ms, give_up)
+            ),
+            unblocked AS (
+                DELETE FROM {s}.outbox_blocked_aggregates b USING published p
+                WHERE b.aggregate_type = p.aggregate_type AND b.aggregate_id = p.aggregate_id
+                  AND b.head_event_id = p.id
+                  AND NOT EXISTS (SELECT 1 FROM failures f
+                                  WHERE f.aggregate_type = p.aggregate_type AND f.aggregate_id = p.aggregate_id)
+                RETURNING 1
+            ),
+            retried AS (
+                UPDATE {s}.outbox_events e SET
+                    attempt_count = e.attempt_count + 1,
+                    last_error = f.error,
+                    next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
+                    status = CASE WHEN f.give_up THEN 'failed' ELSE 'pending' END,
+                    failed_at = CASE WHEN f.give_up THEN now() END
+                FROM failures f WHERE e.id = f.id
+                RETURNING e.id, e.aggregate_type, e.aggregate_id, f.give_up
+            ),
+            blocked AS (
+                INSERT INTO {s}.outbox_blocked_aggregates (aggregate_type, aggregate_id, head_event_id)
+                SELECT aggregate_type, aggregate_id, id FROM retried WHERE NOT (give_up AND $8)
+                ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET head_event_id = EXCLUDED.head_event_id
+                RETURNING 1
+            ),
+            skipped AS (
+                DELETE FROM {s}.outbox_blocked_aggregates b USING retried r
+                WHERE r.give_up AND $8
+                  AND b.aggregate_type = r.aggregate_type AND b.aggregate_id = r.aggregate_id
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM published) AS published,
+                   (SELECT count(*) FROM retried WHERE give_up) AS failed,
+                   (SELECT count(*) FROM unblocked) + (SELECT count(*) FROM skipped) AS unblocked,
+                   (SELECT count(*) FROM blocked) AS blocked"
+        );
+        let set_waiting = format!(
+            "INSERT INTO {s}.outbox_relay_listeners (relay_id, waiting, heartbeat_at) VALUES ($1, $2, now())
+             ON CONFLICT (relay_id) DO UPDATE SET waiting = EXCLUDED.waiting, heartbeat_at = now()"
+        );
+        let deregister = format!("DELETE FROM {s}.outbox_relay_listeners WHERE relay_id = $1");
+        let stats = format!(
+            "SELECT
+                (SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending') AS pending,
+                (SELECT count(*) FROM {s}.outbox_events WHERE status = 'failed') AS failed,
+                (SELECT created_at FROM {s}.outbox_events WHERE status = 'pending' ORDER BY id LIMIT 1) AS oldest,
+                (SELECT count(*) FROM {s}.outbox_blocked_aggregates) AS blocked,
+                coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0) AS dead,
+                coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0) AS live"
+        );
+        let blocked = format!(
+            "SELECT b.aggregate_type, b.aggregate_id, b.head_event_id, coalesce(e.status, 'missing'),
+                    e.last_error, b.blocked_since
+             FROM {s}.outbox_blocked_aggregates b
+             LEFT JOIN {s}.outbox_events e ON e.id = b.head_event_id
+             ORDER BY b.blocked_since LIMIT $1"
+        );
+        let purge_published = format!(
+            "WITH doomed AS (
+                SELECT id FROM {s}.outbox_events
+                WHERE status = 'published' AND published_at < now() - $1 * interval '1 second'
+                ORDER BY published_at LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            )
+            DELETE FROM {s}.outbox_events e USING doomed d WHERE e.id = d.id"
+        );
+        let purge_keys = format!(
+            "DELETE FROM {s}.outbox_idempotency_keys WHERE idempotency_key IN (
+                SELECT idempotency_key FROM {s}.outbox_idempotency_keys
+                WHERE created_at < now() - $1 * interval '1 second'
+                LIMIT $2 FOR UPDATE SKIP LOCKED)"
+        );
+        RelaySql {
+            claim,
+            complete,
+            set_waiting,
+            deregister,
+            stats,
+            blocked,
+            purge_published,
+            purge_keys,
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! Relay settings, their defaults and their validation at start-up.
+
+use std::time::Duration;
+
+use crate::store::ConfigError;
+
+/// What happens to the later events of an aggregate whose head event ended
+/// in the failed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailedHeadPolicy {
+    /// They wait until an operator replays or resolves the failed event;
+    /// the aggregate shows up in the blocked-aggregates signal. Keeps order.
+    #[default]
+    Block,
+    /// They go on without it. Gives up per-aggregate order for that one
+    /// event; choose it only where consumers tolerate a missing version.
+    Skip,
+}
+
+/// Exponential backoff with jitter for failed publishes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    /// Delay before the second attempt.
+    pub initial: Duration,
+    /// Upper bound of any delay.
+    pub max: Duration,
+    /// Growth per attempt (2.0 doubles).
+    pub multiplier: f64,
+    /// Random spread, as a fraction of the delay (0.2 = ±20%).
+    pub jitter: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+            multiplier: 2.0,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after the `attempt`-th failure (1-based), with jitter.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(63) as i32;
+        let base = self.initial.as_secs_f64() * self.multiplier.powi(exponent);
+        let capped = base.min(self.max.as_secs_f64());
+        let spread = if self.jitter > 0.0 {
+            rand::random_range(-self.jitter..=self.jitter)
+        } else {
+            0.0
+        };
+        Duration::from_secs_f64((capped * (1.0 + spread)).clamp(0.0, self.max.as_secs_f64()))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |reason: String| ConfigError::InvalidValue {
+            what: "relay backoff",
+            reason,
+        };
+        if self.initial.is_zero() {
+            return Err(bad(
+                "initial delay must be above zero (a zero delay is a hot retry loop)".into(),
+            ));
+        }
+        if self.max < self.initial {
+            return Err(bad(format!(
+                "max {:?} is below initial {:?}",
+                self.max, self.initial
+            )));
+        }
+        if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
+            return Err(bad(format!(
+                "multiplier {} must be a finite number >= 1",
+                self.multiplier
+            )));
+        }
+        if !(0.0..1.0).contains(&self.jitter) {
+            return Err(bad(format!("jitter {} must be in 0..1", self.jitter)));
+        }
+        Ok(())
+    }
+}
+
+/// Relay settings. `RelayConfig::default()` suits most services.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows claimed per batch (default 500).
+    pub batch_size: usize,
+    /// Concurrent claim loops in this process, each with its own connection
+    /// (default 1; several relay processes may run as well).
+    pub workers: usize,
+    /// How long an idle worker sleeps when no NOTIFY arrives (default 1 s).
+    pub poll_interval: Duration,
+    /// Wake up on NOTIFY from emitting transactions (default true).
+    pub listen: bool,
+    /// Attempts before an event moves to the failed state (default 10).
+    pub max_attempts: u32,
+    /// Delays between attempts.
+    pub backoff: Backoff,
+    /// Later events of an aggregate whose head failed: wait or go on.
+    pub failed_head_policy: FailedHeadPolicy,
+    /// Upper bound for one batch's publish (all waves); a broker that does
+    /// not answer within it counts as a failed attempt (default 30 s).
+    pub publish_timeout: Duration,
+    /// How long PostgreSQL lets a claim transaction sit idle before it kills
+    /// it, releasing the rows of a hung relay (default 120 s). Must exceed
+    /// `publish_timeout`.
+    pub claim_timeout: Duration,
+    /// Delay after a database error before the next claim (default 1 s,
+    /// doubled per consecutive error up to 30 s).
+    pub error_backoff: Duration,
+    /// How often the backlog gauges (pending, oldest age, failed, blocked,
+    /// dead tuples) are refreshed (default 10 s; zero turns it off).
+    pub stats_interval: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 500,
+            workers: 1,
+            poll_interval: Duration::from_secs(1),
+            listen: true,
+            max_attempts: 10,
+            backoff: Backoff::default(),
+            failed_head_policy: FailedHeadPolicy::Block,
+            publish_timeout: Duration::from_secs(30),
+            claim_timeout: Duration::from_secs(120),
+            error_backoff: Duration::from_secs(1),
+            stats_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks every setting; the relay refuses to start otherwise.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |what: &'static str, reason: String| ConfigError::InvalidValue { what, reason };
+        if self.batch_size == 0 || self.batch_size > 50_000 {
+            return Err(bad(
+                "relay batch_size",
+                format!("{} is outside 1..=50000", self.batch_size),
+            ));
+        }
+        if self.workers == 0 || self.workers > 64 {
+            return Err(bad(
+                "relay workers",
+                format!("{} is outside 1..=64", self.workers),
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(bad(
+                "relay poll_interval",
+                "must be above zero (zero is a busy loop)".into(),
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(bad("relay max_attempts", "must be at least 1".into()));
+        }
+        if self.publish_timeout.is_zero() {
+            return Err(bad("relay publish_timeout", "must be above zero".into()));
+        }
+        if self.claim_timeout <= self.publish_timeout {
+            return Err(bad(
+                "relay claim_timeout",
+                format!(
+                    "{:?} must exceed publish_timeout {:?}, or PostgreSQL kills claims that are still publishing",
+                    self.claim_timeout, self.publish_timeout
+                ),
+            ));
+        }
+        if self.error_backoff.is_zero() {
+            return Err(bad("relay error_backoff", "must be above zero".into()));
+        }
+        self.backoff.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_exponentially_up_to_the_cap_within_the_jitter() {
+        let backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            multiplier: 2.0,
+            jitter: 0.2,
+        };
+        for (attempt, expected) in [(1, 0.1), (2, 0.2), (3, 0.4), (5, 1.6), (6, 2.0), (40, 2.0)] {
+            for _ in 0..50 {
+                let delay = backoff.delay(attempt).as_secs_f64();
+                assert!(
+                    delay >= expected * 0.8 - 1e-9 && delay <= (expected * 1.2).min(2.0) + 1e-9,
+                    "attempt {attempt}: {delay}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_settings_that_would_stall_or_spin() {
+        let check = |change: fn(&mut RelayConfig)| {
+            let mut config = RelayConfig::default();
+            change(&mut config);
+            config.validate().unwrap_err().to_string()
+        };
+        assert!(check(|c| c.batch_size = 0).contains("batch_size"));
+        assert!(check(|c| c.workers = 0).contains("workers"));
+        assert!(check(|c| c.poll_interval = Duration::ZERO).contains("busy loop"));
+        assert!(check(|c| c.max_attempts = 0).contains("max_attempts"));
+        assert!(check(|c| c.claim_timeout = c.publish_timeout).contains("claim_timeout"));
+        assert!(check(|c| c.backoff.initial = Duration::ZERO).contains("hot retry loop"));
+        assert!(check(|c| c.backoff.jitter = 1.5).contains("jitter"));
+        RelayConfig::default().validate().unwrap();
+    }
+}

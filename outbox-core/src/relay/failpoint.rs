@@ -1,0 +1,92 @@
+//! Failpoints for fault-injection tests (feature `failpoints`): named
+//! places in the relay loop where a test makes the process panic or hang,
+//! to force a failure window instead of hoping for it. Without the feature
+//! every hit compiles to nothing.
+
+/// Between the broker's acks and recording the outcome.
+pub const AFTER_PUBLISH: &str = "relay::after_publish";
+
+/// What a failpoint does when hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Panic (the task dies; its claim transaction rolls back).
+    Panic,
+    /// Never return (the process hangs there until killed).
+    Hang,
+}
+
+#[cfg(feature = "failpoints")]
+mod active {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    use super::Action;
+
+    fn table() -> &'static Mutex<HashMap<&'static str, (Action, u32)>> {
+        static TABLE: OnceLock<Mutex<HashMap<&'static str, (Action, u32)>>> = OnceLock::new();
+        TABLE.get_or_init(Default::default)
+    }
+
+    /// Arms `name` for the next `times` hits.
+    pub fn arm(name: &'static str, action: Action, times: u32) {
+        table()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, (action, times));
+    }
+
+    /// Disarms `name`.
+    pub fn disarm(name: &'static str) {
+        table()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+
+    /// Reads `OUTBOX_FAILPOINTS=name=panic|hang[,...]` (for test processes).
+    pub fn arm_from_env() {
+        let Ok(spec) = std::env::var("OUTBOX_FAILPOINTS") else {
+            return;
+        };
+        for item in spec.split(',').filter(|s| !s.is_empty()) {
+            let (name, action) = item.split_once('=').unwrap_or((item, "panic"));
+            let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
+            let action = if action == "hang" {
+                Action::Hang
+            } else {
+                Action::Panic
+            };
+            arm(name, action, u32::MAX);
+        }
+    }
+
+    pub(crate) async fn hit(name: &'static str) {
+        let action = {
+            let mut table = table().lock().unwrap_or_else(|e| e.into_inner());
+            match table.get_mut(name) {
+                Some((action, times)) if *times > 0 => {
+                    *times -= 1;
+                    Some(*action)
+                }
+                _ => None,
+            }
+        };
+        match action {
+            Some(Action::Panic) => panic!("failpoint {name} hit"),
+            Some(Action::Hang) => {
+                eprintln!("failpoint {name} hit: hanging");
+                std::future::pending::<()>().await
+            }
+            None => {}
+        }
+    }
+}
+
+#[cfg(feature = "failpoints")]
+pub use active::{arm, arm_from_env, disarm};
+
+#[cfg(feature = "failpoints")]
+pub(crate) use active::hit;
+
+#[cfg(not(feature = "failpoints"))]
+pub(crate) async fn hit(_name: &'static str) {}

@@ -1,0 +1,159 @@
+//! The store seam of the relay: what the loop needs from a database, and
+//! nothing about which one. PostgreSQL implements it in
+//! `store/relay.rs`; an embedded store can implement it without touching
+//! the loop.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[error("outbox store: {operation} failed: {source}")]
+pub struct StoreError {
+    /// What was being done (`claim`, `complete`, ...).
+    pub operation: &'static str,
+    /// What the database driver reported.
+    #[source]
+    pub source: sqlx::Error,
+}
+
+impl StoreError {
+    pub(crate) fn new(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+        move |source| StoreError { operation, source }
+    }
+}
+
+/// One claimed event with its delivery history.
+#[derive(Debug, Clone)]
+pub struct ClaimedEvent {
+    /// The event.
+    pub envelope: Envelope,
+    /// Publish attempts before this one.
+    pub attempts: u32,
+}
+
+/// A failed publish to record.
+#[derive(Debug, Clone)]
+pub struct FailedAttempt {
+    /// The event.
+    pub event_id: Uuid,
+    /// The aggregate type of the event.
+    pub aggregate_type: String,
+    /// The aggregate id of the event.
+    pub aggregate_id: String,
+    /// What went wrong (stored as `last_error`).
+    pub error: String,
+    /// When to try again.
+    pub retry_in: Duration,
+    /// Move the event to the failed state instead of retrying.
+    pub give_up: bool,
+}
+
+/// What happened to a claimed batch. Events in neither list were not
+/// attempted (a previous version of their aggregate failed) and stay
+/// pending, unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOutcome {
+    /// Events the broker acknowledged.
+    pub published: Vec<Uuid>,
+    /// Events whose publish failed.
+    pub failed: Vec<FailedAttempt>,
+}
+
+/// Events claimed by one relay worker; other workers skip them until the
+/// batch is completed or released (or its holder dies).
+pub trait ClaimedBatch: Send {
+    /// The claimed events, each aggregate's in version order.
+    fn events(&self) -> &[ClaimedEvent];
+
+    /// Records the outcome and ends the claim.
+    fn complete(self, outcome: BatchOutcome)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Ends the claim without recording anything (the events stay pending).
+    fn release(self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// Wakes a sleeping relay when events were committed.
+pub trait WakeupListener: Send + 'static {
+    /// Resolves at the next notification. An error means notifications may
+    /// have been missed; the relay keeps polling and calls again.
+    fn wait(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The backlog as an operator sees it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutboxStats {
+    /// Events waiting to be published (including ones in backoff).
+    pub pending: i64,
+    /// Events in the failed state.
+    pub failed: i64,
+    /// When the oldest pending event was emitted.
+    pub oldest_pending_at: Option<DateTime<Utc>>,
+    /// Aggregates whose head event is retrying or failed.
+    pub blocked_aggregates: i64,
+    /// Dead tuples in the outbox table (VACUUM pressure).
+    pub dead_tuples: i64,
+    /// Live tuples in the outbox table.
+    pub live_tuples: i64,
+}
+
+impl OutboxStats {
+    /// Age of the oldest pending event (the alert signal), zero when none.
+    pub fn oldest_pending_age(&self) -> Duration {
+        self.oldest_pending_at
+            .map(|at| (Utc::now() - at).to_std().unwrap_or_default())
+            .unwrap_or_default()
+    }
+}
+
+/// An aggregate whose later events wait behind its head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockedAggregate {
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The event that blocks it.
+    pub head_event_id: Uuid,
+    /// The head's state: `pending` (retrying) or `failed`.
+    pub head_status: String,
+    /// The head's last error.
+    pub last_error: Option<String>,
+    /// Since when.
+    pub blocked_since: DateTime<Utc>,
+}
+
+/// What the relay loop needs from a store.
+pub trait RelayStore: Send + Sync + 'static {
+    /// The claim type.
+    type Batch: ClaimedBatch;
+    /// The wake-up listener type.
+    type Listener: WakeupListener;
+
+    /// Claims up to `limit` due events: for each aggregate only a prefix in
+    /// version order starting at its oldest unpublished event, and no
+    /// aggregate another worker holds.
+    fn claim(&self, limit: usize) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send;
+
+    /// Tells emitters whether this relay sleeps waiting for a NOTIFY.
+    fn set_waiting(
+        &self,
+        relay_id: Uuid,
+        waiting: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Forgets a relay that stops.
+    fn deregister(&self, relay_id: Uuid) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Starts listening for notifications.
+    fn listener(&self) -> impl Future<Output = Result<Self::Listener, StoreError>> + Send;
+
+    /// Reads the backlog figures.
+    fn stats(&self) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
+}

@@ -1,0 +1,224 @@
+//! One relay worker: claim a batch, publish it in waves, record the outcome,
+//! repeat; sleep until NOTIFY or the poll interval when there is nothing
+//! to do; back off after database errors. Stops between batches when asked.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, watch};
+use uuid::Uuid;
+
+use super::config::RelayConfig;
+use super::store::{BatchOutcome, ClaimedBatch, FailedAttempt, RelayStore};
+use super::waves;
+use crate::envelope::Envelope;
+use crate::metrics as m;
+use crate::transport::{PublishFailure, Transport};
+
+/// What workers share.
+pub(crate) struct Shared<S, T> {
+    pub(crate) store: S,
+    pub(crate) transport: T,
+    pub(crate) config: RelayConfig,
+    pub(crate) wake: Notify,
+    pub(crate) schema_label: String,
+}
+
+/// How often an idle worker refreshes its heartbeat (the waiting flag
+/// counts for five minutes).
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(60);
+
+pub(crate) async fn run<S: RelayStore, T: Transport>(
+    shared: Arc<Shared<S, T>>,
+    worker_id: Uuid,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let config = &shared.config;
+    let mut waiting = false;
+    let mut last_heartbeat = Instant::now();
+    let mut consecutive_errors: u32 = 0;
+    while !*shutdown.borrow() {
+        // Registered before the claim: a notification that arrives between
+        // an empty claim and the sleep is not lost.
+        let notified = shared.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+
+        let batch = match shared.store.claim(config.batch_size).await {
+            Ok(batch) => {
+                consecutive_errors = 0;
+                batch
+            }
+            Err(error) => {
+                consecutive_errors = consecutive_errors.saturating_add(1);
+                metrics::counter!(m::STORE_ERRORS, "schema" => shared.schema_label.clone())
+                    .increment(1);
+                tracing::warn!(%error, consecutive_errors, "relay claim failed");
+                let delay = error_delay(config.error_backoff, consecutive_errors);
+                sleep_or_stop(delay, &mut shutdown).await;
+                continue;
+            }
+        };
+
+        if batch.events().is_empty() {
+            if let Err(error) = batch.release().await {
+                tracing::warn!(%error, "relay could not release an empty claim");
+            }
+            if !config.listen {
+                sleep_or_stop(config.poll_interval, &mut shutdown).await;
+                continue;
+            }
+            if !waiting || last_heartbeat.elapsed() >= HEARTBEAT_EVERY {
+                // Announce the sleep, then look once more before sleeping:
+                // an emit that committed before it saw the flag is found now.
+                match shared.store.set_waiting(worker_id, true).await {
+                    Ok(()) => {
+                        last_heartbeat = Instant::now();
+                        if !waiting {
+                            waiting = true;
+                            continue;
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "relay could not announce it is waiting"),
+                }
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(config.poll_interval) => {}
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        }
+
+        if waiting {
+            waiting = false;
+            if let Err(error) = shared.store.set_waiting(worker_id, false).await {
+                tracing::warn!(%error, "relay could not clear its waiting flag");
+            }
+        }
+        process(&shared, batch).await;
+    }
+    if let Err(error) = shared.store.deregister(worker_id).await {
+        tracing::warn!(%error, "relay could not deregister");
+    }
+}
+
+fn error_delay(base: Duration, consecutive: u32) -> Duration {
+    let factor = 2u32.saturating_pow(consecutive.saturating_sub(1).min(10));
+    (base * factor).min(Duration::from_secs(30))
+}
+
+async fn sleep_or_stop(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// Publishes one batch in waves and records the outcome.
+async fn process<S: RelayStore, T: Transport>(shared: &Shared<S, T>, batch: S::Batch) {
+    let config = &shared.config;
+    let started = Instant::now();
+    let schema = shared.schema_label.clone();
+    let transport = shared.transport.name();
+    let events = batch.events();
+    let plan = waves::plan(events);
+    let mut blocked_runs = vec![false; plan.runs];
+    let mut outcome = BatchOutcome::default();
+    let deadline = tokio::time::Instant::now() + config.publish_timeout;
+    let span = tracing::debug_span!(
+        "outbox.relay.batch",
+        events = events.len(),
+        waves = plan.waves.len()
+    );
+    let _guard = span.enter();
+
+    for wave in &plan.waves {
+        let indices: Vec<usize> = wave
+            .iter()
+            .copied()
+            .filter(|&index| !blocked_runs[plan.run_of[index]])
+            .collect();
+        if indices.is_empty() {
+            continue;
+        }
+        let envelopes: Vec<&Envelope> = indices.iter().map(|&i| &events[i].envelope).collect();
+        metrics::counter!(m::PUBLISH_ATTEMPTS, "schema" => schema.clone(), "transport" => transport)
+            .increment(envelopes.len() as u64);
+        let results =
+            match tokio::time::timeout_at(deadline, shared.transport.publish(&envelopes)).await {
+                Ok(results) => results,
+                Err(_) => vec![
+                    Err(PublishFailure::retryable(format!(
+                        "publish did not finish within {:?}",
+                        config.publish_timeout
+                    )));
+                    envelopes.len()
+                ],
+            };
+        for (position, &index) in indices.iter().enumerate() {
+            let event = &events[index];
+            let result = results.get(position).cloned().unwrap_or_else(|| {
+                Err(PublishFailure::retryable(
+                    "the transport returned no outcome for this event",
+                ))
+            });
+            match result {
+                Ok(()) => outcome.published.push(event.envelope.id),
+                Err(failure) => {
+                    blocked_runs[plan.run_of[index]] = true;
+                    let attempts = event.attempts + 1;
+                    let give_up = !failure.retryable || attempts >= config.max_attempts;
+                    let kind = if failure.retryable {
+                        "retryable"
+                    } else {
+                        "permanent"
+                    };
+                    metrics::counter!(m::PUBLISH_FAILURES, "schema" => schema.clone(), "transport" => transport, "kind" => kind)
+                        .increment(1);
+                    if give_up {
+                        metrics::counter!(m::MOVED_TO_FAILED, "schema" => schema.clone())
+                            .increment(1);
+                        tracing::error!(
+                            event_id = %event.envelope.id,
+                            event_type = %event.envelope.event_type,
+                            attempts,
+                            reason = %failure,
+                            "event moved to the failed state"
+                        );
+                    } else {
+                        tracing::warn!(event_id = %event.envelope.id, attempts, reason = %failure, "publish failed, will retry");
+                    }
+                    outcome.failed.push(FailedAttempt {
+                        event_id: event.envelope.id,
+                        aggregate_type: event.envelope.aggregate_type.clone(),
+                        aggregate_id: event.envelope.aggregate_id.clone(),
+                        error: failure.to_string(),
+                        retry_in: config.backoff.delay(attempts),
+                        give_up,
+                    });
+                }
+            }
+        }
+    }
+
+    crate::relay::failpoint::hit(crate::relay::failpoint::AFTER_PUBLISH).await;
+
+    let published = outcome.published.len() as u64;
+    let claimed = events.len();
+    match batch.complete(outcome).await {
+        Ok(()) => {
+            metrics::counter!(m::PUBLISHED, "schema" => schema.clone(), "transport" => transport)
+                .increment(published);
+        }
+        Err(error) => {
+            // The claim transaction is gone: nothing was marked, the events
+            // are published again later (at least once).
+            metrics::counter!(m::STORE_ERRORS, "schema" => schema.clone()).increment(1);
+            tracing::error!(%error, "relay could not record a batch outcome; its events will be published again");
+        }
+    }
+    metrics::histogram!(m::BATCH_DURATION, "schema" => schema.clone())
+        .record(started.elapsed().as_secs_f64());
+    metrics::histogram!(m::BATCH_EVENTS, "schema" => schema).record(claimed as f64);
+}

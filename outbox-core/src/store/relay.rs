@@ -1,0 +1,306 @@
+//! The PostgreSQL side of the relay: claim, complete, wake-ups, backlog
+//! figures and retention.
+//!
+//! Claim lifetime: the claiming transaction stays open while the batch is
+//! published. Row locks (`FOR UPDATE SKIP LOCKED`) and per-aggregate
+//! advisory locks (`pg_try_advisory_xact_lock`) keep other workers off the
+//! batch and off its aggregates; they die with the transaction, so a relay
+//! that crashes or loses its connection releases everything at once, and a
+//! relay that hangs is cut off by `idle_in_transaction_session_timeout`
+//! (the configured claim timeout). No lease column, no sweeper.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
+use sqlx::postgres::PgListener;
+use sqlx::{AssertSqlSafe, PgPool, Postgres, Row, Transaction};
+use uuid::Uuid;
+
+use super::SchemaName;
+use super::sql::RelaySql;
+use crate::envelope::Envelope;
+use crate::relay::config::FailedHeadPolicy;
+use crate::relay::store::{
+    BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, OutboxStats, RelayStore,
+    StoreError, WakeupListener,
+};
+
+/// The relay store on PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct PgRelayStore {
+    pool: PgPool,
+    schema: SchemaName,
+    sql: std::sync::Arc<RelaySql>,
+    lock_namespace: i32,
+    blocking_statuses: Vec<&'static str>,
+    skip_failed_heads: bool,
+    claim_timeout: String,
+    channel: String,
+}
+
+impl PgRelayStore {
+    /// A store on `pool` for the outbox in `schema`.
+    pub fn new(
+        pool: PgPool,
+        schema: SchemaName,
+        policy: FailedHeadPolicy,
+        claim_timeout: Duration,
+    ) -> PgRelayStore {
+        let skip_failed_heads = policy == FailedHeadPolicy::Skip;
+        PgRelayStore {
+            sql: std::sync::Arc::new(RelaySql::new(&schema)),
+            lock_namespace: lock_namespace(&schema),
+            blocking_statuses: if skip_failed_heads {
+                vec!["pending"]
+            } else {
+                vec!["pending", "failed"]
+            },
+            skip_failed_heads,
+            claim_timeout: format!("{}ms", claim_timeout.as_millis().max(1)),
+            channel: schema.notify_channel(),
+            schema,
+            pool,
+        }
+    }
+
+    /// The pool this store uses.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Aggregates whose later events wait behind a retrying or failed head,
+    /// oldest first.
+    pub async fn blocked_aggregates(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<BlockedAggregate>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.sql.blocked.as_str()))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StoreError::new("list blocked aggregates"))?;
+        rows.iter()
+            .map(|row| {
+                Ok(BlockedAggregate {
+                    aggregate_type: row.try_get(0)?,
+                    aggregate_id: row.try_get(1)?,
+                    head_event_id: row.try_get(2)?,
+                    head_status: row.try_get(3)?,
+                    last_error: row.try_get(4)?,
+                    blocked_since: row.try_get(5)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(StoreError::new("list blocked aggregates"))
+    }
+
+    /// Deletes one batch of published events older than `age`; returns how
+    /// many went. Never touches pending or failed events.
+    pub async fn purge_published(&self, age: Duration, batch: i64) -> Result<u64, StoreError> {
+        sqlx::query(AssertSqlSafe(self.sql.purge_published.as_str()))
+            .bind(age.as_secs_f64())
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(StoreError::new("purge published events"))
+    }
+
+    /// Deletes one batch of idempotency keys older than `age`.
+    pub async fn purge_idempotency_keys(
+        &self,
+        age: Duration,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        sqlx::query(AssertSqlSafe(self.sql.purge_keys.as_str()))
+            .bind(age.as_secs_f64())
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map(|done| done.rows_affected())
+            .map_err(StoreError::new("purge idempotency keys"))
+    }
+}
+
+/// The advisory lock namespace of a schema, so relays of different
+/// schemas in one database never contend.
+fn lock_namespace(schema: &SchemaName) -> i32 {
+    // FNV-1a over the name; stable across processes and versions.
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in schema.as_str().bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash as i32
+}
+
+/// A claim: the open transaction and the events it locked.
+pub struct PgClaim {
+    transaction: Transaction<'static, Postgres>,
+    events: Vec<ClaimedEvent>,
+    sql: std::sync::Arc<RelaySql>,
+    skip_failed_heads: bool,
+}
+
+impl ClaimedBatch for PgClaim {
+    fn events(&self) -> &[ClaimedEvent] {
+        &self.events
+    }
+
+    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
+        if !outcome.published.is_empty() || !outcome.failed.is_empty() {
+            let failed = &outcome.failed;
+            let ids: Vec<Uuid> = failed.iter().map(|f| f.event_id).collect();
+            let types: Vec<&str> = failed.iter().map(|f| f.aggregate_type.as_str()).collect();
+            let aggregate_ids: Vec<&str> = failed.iter().map(|f| f.aggregate_id.as_str()).collect();
+            let errors: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
+            let delays: Vec<i64> = failed
+                .iter()
+                .map(|f| f.retry_in.as_millis().min(i64::MAX as u128) as i64)
+                .collect();
+            let give_up: Vec<bool> = failed.iter().map(|f| f.give_up).collect();
+            sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
+                .bind(&outcome.published)
+                .bind(&ids)
+                .bind(&types)
+                .bind(&aggregate_ids)
+                .bind(&errors)
+                .bind(&delays)
+                .bind(&give_up)
+                .bind(self.skip_failed_heads)
+                .execute(&mut *self.transaction)
+                .await
+                .map_err(StoreError::new("record batch outcome"))?;
+        }
+        self.transaction
+            .commit()
+            .await
+            .map_err(StoreError::new("commit batch outcome"))
+    }
+
+    async fn release(self) -> Result<(), StoreError> {
+        self.transaction
+            .rollback()
+            .await
+            .map_err(StoreError::new("release claim"))
+    }
+}
+
+/// NOTIFY listener on the outbox channel.
+pub struct PgWakeups {
+    listener: PgListener,
+}
+
+impl WakeupListener for PgWakeups {
+    async fn wait(&mut self) -> Result<(), StoreError> {
+        self.listener
+            .recv()
+            .await
+            .map(|_| ())
+            .map_err(StoreError::new("receive notification"))
+    }
+}
+
+impl RelayStore for PgRelayStore {
+    type Batch = PgClaim;
+    type Listener = PgWakeups;
+
+    async fn claim(&self, limit: usize) -> Result<PgClaim, StoreError> {
+        let mut transaction = self
+            .pool
+            .begin()
+            .await
+            .map_err(StoreError::new("begin claim"))?;
+        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.as_str()))
+            .bind(self.lock_namespace)
+            .bind(limit as i64)
+            .bind(&self.blocking_statuses)
+            .bind(&self.claim_timeout)
+            .fetch_all(&mut *transaction)
+            .await
+            .map_err(StoreError::new("claim"))?;
+        let events = rows
+            .iter()
+            .map(decode_claimed)
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(StoreError::new("decode claimed event"))?;
+        Ok(PgClaim {
+            transaction,
+            events,
+            sql: std::sync::Arc::clone(&self.sql),
+            skip_failed_heads: self.skip_failed_heads,
+        })
+    }
+
+    async fn set_waiting(&self, relay_id: Uuid, waiting: bool) -> Result<(), StoreError> {
+        sqlx::query(AssertSqlSafe(self.sql.set_waiting.as_str()))
+            .bind(relay_id)
+            .bind(waiting)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(StoreError::new("set waiting flag"))
+    }
+
+    async fn deregister(&self, relay_id: Uuid) -> Result<(), StoreError> {
+        sqlx::query(AssertSqlSafe(self.sql.deregister.as_str()))
+            .bind(relay_id)
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+            .map_err(StoreError::new("deregister relay"))
+    }
+
+    async fn listener(&self) -> Result<PgWakeups, StoreError> {
+        let mut listener = PgListener::connect_with(&self.pool)
+            .await
+            .map_err(StoreError::new("connect listener"))?;
+        listener
+            .listen(&self.channel)
+            .await
+            .map_err(StoreError::new("listen"))?;
+        Ok(PgWakeups { listener })
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let table = format!("{}.outbox_events", self.schema.quoted());
+        let row = sqlx::query(AssertSqlSafe(self.sql.stats.as_str()))
+            .bind(table)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(StoreError::new("read backlog figures"))?;
+        let read = || -> Result<OutboxStats, sqlx::Error> {
+            Ok(OutboxStats {
+                pending: row.try_get("pending")?,
+                failed: row.try_get("failed")?,
+                oldest_pending_at: row.try_get("oldest")?,
+                blocked_aggregates: row.try_get("blocked")?,
+                dead_tuples: row.try_get("dead")?,
+                live_tuples: row.try_get("live")?,
+            })
+        };
+        read().map_err(StoreError::new("decode backlog figures"))
+    }
+}
+
+fn decode_claimed(row: &sqlx::postgres::PgRow) -> Result<ClaimedEvent, sqlx::Error> {
+    let payload: Box<RawValue> = row.try_get("payload")?;
+    let schema_version: i32 = row.try_get("schema_version")?;
+    let attempts: i32 = row.try_get("attempt_count")?;
+    let occurred_at: DateTime<Utc> = row.try_get("created_at")?;
+    Ok(ClaimedEvent {
+        envelope: Envelope {
+            id: row.try_get("id")?,
+            event_type: row.try_get("event_type")?,
+            schema_version: schema_version.max(0) as u32,
+            aggregate_type: row.try_get("aggregate_type")?,
+            aggregate_id: row.try_get("aggregate_id")?,
+            aggregate_version: row.try_get("aggregate_version")?,
+            occurred_at,
+            traceparent: row.try_get("traceparent")?,
+            payload,
+        },
+        attempts: attempts.max(0) as u32,
+    })
+}

@@ -1,0 +1,66 @@
+//! The transport seam: how the relay hands events to a broker. The relay
+//! knows this trait only; NATS JetStream is the first implementation
+//! (feature `nats`), Kafka and RabbitMQ follow behind the same trait.
+
+#[cfg(feature = "nats")]
+pub mod nats;
+
+use std::fmt;
+use std::future::Future;
+
+use crate::envelope::Envelope;
+
+/// Why one message was not acknowledged by the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishFailure {
+    /// Whether trying again can help (a timeout, a broker that is down) or
+    /// not (a message the broker will never accept, such as one over its
+    /// size limit). Permanent failures go to the failed state at once.
+    pub retryable: bool,
+    /// What the broker or client said.
+    pub reason: String,
+}
+
+impl PublishFailure {
+    /// A failure worth retrying.
+    pub fn retryable(reason: impl Into<String>) -> Self {
+        PublishFailure {
+            retryable: true,
+            reason: reason.into(),
+        }
+    }
+
+    /// A failure no retry can fix.
+    pub fn permanent(reason: impl Into<String>) -> Self {
+        PublishFailure {
+            retryable: false,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for PublishFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.retryable {
+            "retryable"
+        } else {
+            "permanent"
+        };
+        write!(f, "{kind}: {}", self.reason)
+    }
+}
+
+/// Publishes events to a broker.
+pub trait Transport: Send + Sync + 'static {
+    /// Publishes `events` and waits for the broker's acknowledgement of each
+    /// one; returns one outcome per event, in the same order. The relay
+    /// never passes two events of one aggregate in one call, so the
+    /// transport may send all of them at once.
+    fn publish(
+        &self,
+        events: &[&Envelope],
+    ) -> impl Future<Output = Vec<Result<(), PublishFailure>>> + Send;
+
+    /// A short name for logs and metrics (`nats`).
+    fn name(&self) -> &'static str;
+}
