@@ -5,6 +5,12 @@
 -- status for the failed state and the producer's idempotency key).
 CREATE TABLE outbox_events (
     id                uuid        PRIMARY KEY,
+    -- Insertion order, from a sequence without cache: writers of one
+    -- aggregate are serialized (version counter row, or the business row
+    -- carrying the version), so within an aggregate seq follows version and
+    -- commit order, whatever the producers' clocks say (UUID v7 ids would
+    -- follow the clocks).
+    seq               bigint      GENERATED ALWAYS AS IDENTITY (CACHE 1),
     aggregate_type    text        NOT NULL,
     aggregate_id      text        NOT NULL,
     aggregate_version bigint      NOT NULL,
@@ -23,15 +29,13 @@ CREATE TABLE outbox_events (
     failed_at         timestamptz
 );
 
--- The claim index: only pending rows, in id (UUID v7, time) order. Its size
--- follows the backlog, not the published history.
-CREATE INDEX outbox_events_pending_idx ON outbox_events (id) WHERE status = 'pending';
+-- The claim index: only pending rows, in insertion order. Its size follows
+-- the backlog, not the published history.
+CREATE INDEX outbox_events_pending_idx ON outbox_events (seq) WHERE status = 'pending';
 
--- One event per aggregate version; also what the relay's head check walks
--- (only unpublished rows, so it does not grow with history).
-CREATE UNIQUE INDEX outbox_events_aggregate_version_key
-    ON outbox_events (aggregate_type, aggregate_id, aggregate_version);
-CREATE INDEX outbox_events_unpublished_idx
+-- One unpublished event per aggregate version: catches two writers that
+-- raced on one aggregate. Partial, so it does not grow with history.
+CREATE UNIQUE INDEX outbox_events_unpublished_version_key
     ON outbox_events (aggregate_type, aggregate_id, aggregate_version) WHERE status <> 'published';
 
 -- Failed rows are few and must be listed fast (status, replay).

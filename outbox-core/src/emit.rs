@@ -358,7 +358,7 @@ fn map_error(
         match database.code().as_deref() {
             Some("25P02") => return EmitError::TransactionAborted,
             Some("23505")
-                if database.constraint() == Some("outbox_events_aggregate_version_key") =>
+                if database.constraint() == Some("outbox_events_unpublished_version_key") =>
             {
                 if let Some((aggregate_type, aggregate_id, aggregate_version)) = explicit {
                     return EmitError::VersionConflict {

@@ -83,10 +83,13 @@ pub async fn read_all(url: &str, stream: &str) -> Vec<StoredMessage> {
     all
 }
 
-/// Number of messages in `stream`.
+/// Number of messages in `stream` (zero while it does not exist yet).
 pub async fn count(url: &str, stream: &str) -> u64 {
     let client = async_nats::connect(url).await.expect("NATS reachable");
     let context = jetstream::new(client);
-    let mut stream = context.get_stream(stream).await.expect("stream exists");
-    stream.info().await.expect("stream info").state.messages
+    match context.get_stream(stream).await {
+        Ok(mut stream) => stream.info().await.expect("stream info").state.messages,
+        Err(error) if error.to_string().contains("stream not found") => 0,
+        Err(error) => panic!("cannot read stream {stream}: {error}"),
+    }
 }

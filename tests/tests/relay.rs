@@ -301,32 +301,45 @@ async fn claims_skip_aggregates_another_worker_holds_and_only_take_heads() {
 }
 
 #[tokio::test]
-async fn a_later_version_is_not_claimed_while_an_earlier_one_is_not_visible_as_pending() {
+async fn insertion_order_wins_over_producer_clocks() {
+    // Two producers with skewed clocks: version 1 got a UUID v7 from a
+    // clock that runs ahead, version 2 one from a clock that lags, so the
+    // ids sort backwards. The relay follows insertion (commit) order.
     let db = TestDb::new().await;
-    emit_ticks(&db.pool, &db.outbox, 1, 3, 100).await;
-    // An operator (or a replay) holds a lock on version 1: SKIP LOCKED skips
-    // it, and the head check must keep versions 2 and 3 back.
-    let mut blocker = db.pool.begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT id FROM {} WHERE aggregate_version = 1 FOR UPDATE",
-        db.table("outbox_events")
-    )))
-    .fetch_all(&mut *blocker)
-    .await
-    .unwrap();
-    let config = fast_config();
-    let store = store(&db, &config);
-    use outbox_core::relay::ClaimedBatch;
-    let claim = store.claim(100).await.unwrap();
-    assert!(
-        claim.events().is_empty(),
-        "versions 2 and 3 must wait for version 1"
+    let payload = serde_json::json!({"counter": "skewed", "tick": 1, "note": ""});
+    for (version, id) in [
+        (1, "01ffffff-ffff-7fff-bfff-ffffffffffff"),
+        (2, "01000000-0000-7000-8000-000000000000"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {} (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+             VALUES ($1::uuid, 'counter', 'skewed', $2, 'counter.ticked', 1, $3)",
+            db.table("outbox_events")
+        )))
+        .bind(id)
+        .bind(version as i64)
+        .bind(&payload)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let config = RelayConfig {
+        batch_size: 1,
+        ..fast_config()
+    };
+    let transport = RecordingTransport::new();
+    let relay = Relay::start(store(&db, &config), transport.clone(), config, "test")
+        .await
+        .unwrap();
+    wait::until("both published", Duration::from_secs(20), || async {
+        transport.published_count() == 2
+    })
+    .await;
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        versions_by_aggregate(&transport.published())["skewed"],
+        vec![1, 2]
     );
-    claim.release().await.unwrap();
-    blocker.rollback().await.unwrap();
-    let claim = store.claim(100).await.unwrap();
-    assert_eq!(claim.events().len(), 3);
-    claim.release().await.unwrap();
     db.drop_schema().await;
 }
 

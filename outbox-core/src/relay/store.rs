@@ -141,10 +141,12 @@ pub trait RelayStore: Send + Sync + 'static {
     /// aggregate another worker holds.
     fn claim(&self, limit: usize) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send;
 
-    /// Tells emitters whether this relay sleeps waiting for a NOTIFY.
-    fn set_waiting(
+    /// Records that this worker is alive and whether it sleeps waiting for
+    /// a NOTIFY (emitters notify only while someone waits). Called at start,
+    /// on every change, and at least every few seconds while running.
+    fn heartbeat(
         &self,
-        relay_id: Uuid,
+        worker_id: Uuid,
         waiting: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 

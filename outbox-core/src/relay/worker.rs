@@ -24,9 +24,10 @@ pub(crate) struct Shared<S, T> {
     pub(crate) schema_label: String,
 }
 
-/// How often an idle worker refreshes its heartbeat (the waiting flag
-/// counts for five minutes).
-const HEARTBEAT_EVERY: Duration = Duration::from_secs(60);
+/// How often a worker refreshes its heartbeat: other workers count it as
+/// alive for 30 seconds (and emitters honour a waiting flag for five
+/// minutes).
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 
 pub(crate) async fn run<S: RelayStore, T: Transport>(
     shared: Arc<Shared<S, T>>,
@@ -36,6 +37,9 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
     let config = &shared.config;
     let mut waiting = false;
     let mut last_heartbeat = Instant::now();
+    if let Err(error) = shared.store.heartbeat(worker_id, false).await {
+        tracing::warn!(%error, "relay could not register its worker");
+    }
     let mut consecutive_errors: u32 = 0;
     while !*shutdown.borrow() {
         // Registered before the claim: a notification that arrives between
@@ -71,7 +75,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
             if !waiting || last_heartbeat.elapsed() >= HEARTBEAT_EVERY {
                 // Announce the sleep, then look once more before sleeping:
                 // an emit that committed before it saw the flag is found now.
-                match shared.store.set_waiting(worker_id, true).await {
+                match shared.store.heartbeat(worker_id, true).await {
                     Ok(()) => {
                         last_heartbeat = Instant::now();
                         if !waiting {
@@ -90,10 +94,11 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
             continue;
         }
 
-        if waiting {
+        if waiting || last_heartbeat.elapsed() >= HEARTBEAT_EVERY {
             waiting = false;
-            if let Err(error) = shared.store.set_waiting(worker_id, false).await {
-                tracing::warn!(%error, "relay could not clear its waiting flag");
+            last_heartbeat = Instant::now();
+            if let Err(error) = shared.store.heartbeat(worker_id, false).await {
+                tracing::warn!(%error, "relay could not refresh its heartbeat");
             }
         }
         process(&shared, batch).await;

@@ -9,6 +9,7 @@
 //! relay that hangs is cut off by `idle_in_transaction_session_timeout`
 //! (the configured claim timeout). No lease column, no sweeper.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -33,9 +34,10 @@ pub struct PgRelayStore {
     schema: SchemaName,
     sql: std::sync::Arc<RelaySql>,
     lock_namespace: i32,
-    blocking_statuses: Vec<&'static str>,
     skip_failed_heads: bool,
-    claim_timeout: String,
+    begin_claim: String,
+    /// Other live workers exist: claim with advisory locks.
+    shared: std::sync::Arc<std::sync::atomic::AtomicBool>,
     channel: String,
 }
 
@@ -51,16 +53,27 @@ impl PgRelayStore {
         PgRelayStore {
             sql: std::sync::Arc::new(RelaySql::new(&schema)),
             lock_namespace: lock_namespace(&schema),
-            blocking_statuses: if skip_failed_heads {
-                vec!["pending"]
-            } else {
-                vec!["pending", "failed"]
-            },
             skip_failed_heads,
-            claim_timeout: format!("{}ms", claim_timeout.as_millis().max(1)),
+            // One round trip: the claim transaction gets its idle timeout
+            // (a hung relay's rows are released) and no JIT (the claim's
+            // cost estimate can cross jit_above_cost, and compiling costs
+            // more than the whole claim).
+            begin_claim: format!(
+                "BEGIN; SET LOCAL jit = off; SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
+                claim_timeout.as_millis().max(1)
+            ),
             channel: schema.notify_channel(),
+            shared: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             schema,
             pool,
+        }
+    }
+
+    fn claim_sql(&self) -> &str {
+        if self.shared.load(std::sync::atomic::Ordering::Relaxed) {
+            &self.sql.claim_shared
+        } else {
+            &self.sql.claim_alone
         }
     }
 
@@ -93,6 +106,34 @@ impl PgRelayStore {
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::new("list blocked aggregates"))
+    }
+
+    /// Runs the claim under `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` in a
+    /// transaction that is rolled back, and returns the plan: operators use
+    /// it to see that the claim walks the pending index and how many
+    /// buffers it touches (dead tuples and a held xmin horizon show up
+    /// here first).
+    pub async fn explain_claim(&self, limit: usize) -> Result<serde_json::Value, StoreError> {
+        let mut transaction = self
+            .pool
+            .begin_with(AssertSqlSafe(self.begin_claim.clone()))
+            .await
+            .map_err(StoreError::new("begin explain"))?;
+        let sql = format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+            self.claim_sql()
+        );
+        let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(self.lock_namespace)
+            .bind(limit as i64)
+            .fetch_one(&mut *transaction)
+            .await
+            .map_err(StoreError::new("explain claim"))?;
+        transaction
+            .rollback()
+            .await
+            .map_err(StoreError::new("end explain"))?;
+        Ok(plan)
     }
 
     /// Deletes one batch of published events older than `age`; returns how
@@ -149,8 +190,23 @@ impl ClaimedBatch for PgClaim {
     }
 
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
-        if !outcome.published.is_empty() || !outcome.failed.is_empty() {
+        // The claim marked every event published; set back the ones that
+        // were not, in one statement, and only when there are any.
+        let published: HashSet<Uuid> = outcome.published.iter().copied().collect();
+        let failed_ids: HashSet<Uuid> = outcome.failed.iter().map(|f| f.event_id).collect();
+        let unattempted: Vec<Uuid> = self
+            .events
+            .iter()
+            .map(|e| e.envelope.id)
+            .filter(|id| !published.contains(id) && !failed_ids.contains(id))
+            .collect();
+        if !outcome.failed.is_empty() || !unattempted.is_empty() {
             let failed = &outcome.failed;
+            let previous: HashMap<Uuid, i32> = self
+                .events
+                .iter()
+                .map(|e| (e.envelope.id, e.attempts as i32))
+                .collect();
             let ids: Vec<Uuid> = failed.iter().map(|f| f.event_id).collect();
             let types: Vec<&str> = failed.iter().map(|f| f.aggregate_type.as_str()).collect();
             let aggregate_ids: Vec<&str> = failed.iter().map(|f| f.aggregate_id.as_str()).collect();
@@ -160,14 +216,19 @@ impl ClaimedBatch for PgClaim {
                 .map(|f| f.retry_in.as_millis().min(i64::MAX as u128) as i64)
                 .collect();
             let give_up: Vec<bool> = failed.iter().map(|f| f.give_up).collect();
+            let attempts: Vec<i32> = failed
+                .iter()
+                .map(|f| previous.get(&f.event_id).copied().unwrap_or(0))
+                .collect();
             sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
-                .bind(&outcome.published)
                 .bind(&ids)
                 .bind(&types)
                 .bind(&aggregate_ids)
                 .bind(&errors)
                 .bind(&delays)
                 .bind(&give_up)
+                .bind(&attempts)
+                .bind(&unattempted)
                 .bind(self.skip_failed_heads)
                 .execute(&mut *self.transaction)
                 .await
@@ -209,22 +270,28 @@ impl RelayStore for PgRelayStore {
     async fn claim(&self, limit: usize) -> Result<PgClaim, StoreError> {
         let mut transaction = self
             .pool
-            .begin()
+            .begin_with(AssertSqlSafe(self.begin_claim.clone()))
             .await
             .map_err(StoreError::new("begin claim"))?;
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.as_str()))
+        let rows = sqlx::query(AssertSqlSafe(self.claim_sql()))
             .bind(self.lock_namespace)
             .bind(limit as i64)
-            .bind(&self.blocking_statuses)
-            .bind(&self.claim_timeout)
             .fetch_all(&mut *transaction)
             .await
             .map_err(StoreError::new("claim"))?;
-        let events = rows
+        let mut events = rows
             .iter()
             .map(decode_claimed)
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(StoreError::new("decode claimed event"))?;
+        events.sort_unstable_by(|a, b| {
+            let (a, b) = (&a.envelope, &b.envelope);
+            (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
+                &b.aggregate_type,
+                &b.aggregate_id,
+                b.aggregate_version,
+            ))
+        });
         Ok(PgClaim {
             transaction,
             events,
@@ -233,14 +300,16 @@ impl RelayStore for PgRelayStore {
         })
     }
 
-    async fn set_waiting(&self, relay_id: Uuid, waiting: bool) -> Result<(), StoreError> {
-        sqlx::query(AssertSqlSafe(self.sql.set_waiting.as_str()))
-            .bind(relay_id)
+    async fn heartbeat(&self, worker_id: Uuid, waiting: bool) -> Result<(), StoreError> {
+        let others: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.heartbeat.as_str()))
+            .bind(worker_id)
             .bind(waiting)
-            .execute(&self.pool)
+            .fetch_one(&self.pool)
             .await
-            .map(|_| ())
-            .map_err(StoreError::new("set waiting flag"))
+            .map_err(StoreError::new("heartbeat"))?;
+        self.shared
+            .store(others > 0, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     async fn deregister(&self, relay_id: Uuid) -> Result<(), StoreError> {

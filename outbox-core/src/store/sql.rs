@@ -153,17 +153,24 @@ impl EmitSql {
 /// Relay statements.
 #[derive(Debug, Clone)]
 pub(crate) struct RelaySql {
-    /// Claims due events, a prefix per aggregate, locked until the claim
-    /// transaction ends. Binds: lock namespace (int4), limit (int8), the
-    /// statuses that block later versions (text[]), the idle timeout of the
-    /// claim transaction (text, e.g. '120000ms').
-    pub(crate) claim: String,
-    /// Records a batch outcome. Binds: published ids, failed ids, their
-    /// aggregate types, aggregate ids, errors, retry delays (ms), give-up
-    /// flags, and whether a failed head stops blocking (bool).
+    /// Claims due events in insertion order, for each aggregate only a
+    /// prefix starting at its oldest pending version, skipping aggregates
+    /// that another worker holds and the later events of blocked
+    /// aggregates; locked until the claim transaction ends, and marked
+    /// published in that transaction. Binds: lock namespace (int4), limit
+    /// (int8).
+    pub(crate) claim_shared: String,
+    /// As `claim_shared` without the advisory locks, for a lone worker.
+    pub(crate) claim_alone: String,
+    /// Sets back what the claim marked published but was not: failed
+    /// events (retry or failed state, blocking their aggregate) and events
+    /// not attempted. Binds: failed ids, their aggregate types, aggregate
+    /// ids, errors, retry delays (ms), give-up flags, attempts before the
+    /// claim; unattempted ids; whether a failed head stops blocking (bool).
     pub(crate) complete: String,
-    /// Upserts a relay's waiting flag. Binds: relay id, waiting.
-    pub(crate) set_waiting: String,
+    /// Upserts a worker's heartbeat and waiting flag and counts the other
+    /// live workers. Binds: worker id, waiting.
+    pub(crate) heartbeat: String,
     /// Removes a relay's listener row. Binds: relay id.
     pub(crate) deregister: String,
     /// Backlog figures. Binds: the outbox table's regclass text.
@@ -181,96 +188,125 @@ pub(crate) struct RelaySql {
 impl RelaySql {
     pub(crate) fn new(schema: &SchemaName) -> RelaySql {
         let s = schema.quoted();
-        let claim = format!(
+        let claim = |lock: &str| {
+            format!(
             "WITH candidates AS MATERIALIZED (
                 SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version
                 FROM {s}.outbox_events e
                 WHERE e.status = 'pending'
                   AND e.next_attempt_at <= now()
-                  AND NOT EXISTS (
-                      SELECT 1 FROM {s}.outbox_blocked_aggregates b
-                      WHERE b.aggregate_type = e.aggregate_type AND b.aggregate_id = e.aggregate_id
-                        AND b.head_event_id <> e.id)
-                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))
-                ORDER BY e.id
+                  -- Blocked aggregates offer only their head (hashed once).
+                  AND (e.id IN (SELECT head_event_id FROM {s}.outbox_blocked_aggregates)
+                       OR (e.aggregate_type, e.aggregate_id) NOT IN (
+                           SELECT aggregate_type, aggregate_id FROM {s}.outbox_blocked_aggregates))
+{lock}
+                ORDER BY e.seq
                 LIMIT $2
                 FOR UPDATE OF e SKIP LOCKED
             ),
             heads AS (
-                SELECT c.aggregate_type, c.aggregate_id
+                -- The advisory lock keeps two workers off one aggregate, but
+                -- within one scan a lock refused for version k can be granted
+                -- for version k+1 a moment later (the holder committed in
+                -- between). So an aggregate's candidates go only if nothing
+                -- unpublished precedes them (one index descent) and no
+                -- unpublished version lies between them (free when their
+                -- versions are consecutive).
+                SELECT array_agg(c.id) AS ids
                 FROM candidates c
                 GROUP BY c.aggregate_type, c.aggregate_id
-                HAVING count(*) = (
-                    SELECT count(*) FROM {s}.outbox_events o
-                    WHERE o.aggregate_type = c.aggregate_type AND o.aggregate_id = c.aggregate_id
-                      AND o.status <> 'published' AND o.status = ANY($3)
-                      AND o.aggregate_version <= max(c.aggregate_version))
-            )
-            SELECT e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-                   e.schema_version, e.payload, e.traceparent, e.created_at, e.attempt_count
-            FROM candidates c
-            JOIN heads h ON h.aggregate_type = c.aggregate_type AND h.aggregate_id = c.aggregate_id
-            JOIN {s}.outbox_events e ON e.id = c.id,
-            (SELECT set_config('idle_in_transaction_session_timeout', $4, true)) AS guard
-            ORDER BY e.aggregate_type, e.aggregate_id, e.aggregate_version"
-        );
-        let complete = format!(
-            "WITH published AS (
-                UPDATE {s}.outbox_events
-                SET status = 'published', published_at = now(), attempt_count = attempt_count + 1,
-                    last_error = NULL
-                WHERE id = ANY($1)
-                RETURNING id, aggregate_type, aggregate_id
-            ),
-            failures AS (
-                SELECT * FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::boolean[])
-                    AS f(id, aggregate_type, aggregate_id, error, delay_ms, give_up)
+                HAVING NOT EXISTS (
+                        SELECT 1 FROM {s}.outbox_events o
+                        WHERE o.aggregate_type = c.aggregate_type AND o.aggregate_id = c.aggregate_id
+                          AND o.status = 'pending'
+                          AND o.aggregate_version < min(c.aggregate_version))
+                   AND CASE WHEN max(c.aggregate_version) - min(c.aggregate_version) + 1 = count(*) THEN true
+                       ELSE count(*) = (
+                           SELECT count(*) FROM {s}.outbox_events o
+                           WHERE o.aggregate_type = c.aggregate_type AND o.aggregate_id = c.aggregate_id
+                             AND o.status = 'pending'
+                             AND o.aggregate_version BETWEEN min(c.aggregate_version) AND max(c.aggregate_version))
+                       END
             ),
             unblocked AS (
-                DELETE FROM {s}.outbox_blocked_aggregates b USING published p
-                WHERE b.aggregate_type = p.aggregate_type AND b.aggregate_id = p.aggregate_id
-                  AND b.head_event_id = p.id
-                  AND NOT EXISTS (SELECT 1 FROM failures f
-                                  WHERE f.aggregate_type = p.aggregate_type AND f.aggregate_id = p.aggregate_id)
-                RETURNING 1
+                DELETE FROM {s}.outbox_blocked_aggregates
+                WHERE head_event_id IN (SELECT unnest(ids) FROM heads)
+            )
+            -- Marked published right away, inside the claim transaction that
+            -- stays open while the batch is published: when every ack comes
+            -- back the relay only commits. Failed and unattempted events are
+            -- set back before the commit; a crash rolls everything back.
+            UPDATE {s}.outbox_events e
+            SET status = 'published', published_at = now(), attempt_count = e.attempt_count + 1,
+                last_error = NULL
+            WHERE e.id IN (SELECT unnest(ids) FROM heads)
+            RETURNING e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
+                      e.schema_version, e.payload, e.traceparent, e.created_at,
+                      e.attempt_count - 1 AS attempt_count"
+        )
+        };
+        // Several live workers: each takes the aggregates no other holds
+        // (transaction advisory locks), so they work side by side. A lone
+        // worker skips the locks; order never depends on them (the head
+        // check above guarantees it).
+        let claim_shared = claim(
+            "                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))",
+        );
+        let claim_alone = claim("                  AND $1::integer IS NOT NULL");
+        let complete = format!(
+            "WITH failures AS (
+                SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[],
+                                     $6::boolean[], $7::integer[])
+                    AS f(id, aggregate_type, aggregate_id, error, delay_ms, give_up, previous_attempts)
             ),
             retried AS (
                 UPDATE {s}.outbox_events e SET
-                    attempt_count = e.attempt_count + 1,
+                    status = CASE WHEN f.give_up THEN 'failed' ELSE 'pending' END,
+                    published_at = NULL,
+                    attempt_count = f.previous_attempts + 1,
                     last_error = f.error,
                     next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
-                    status = CASE WHEN f.give_up THEN 'failed' ELSE 'pending' END,
                     failed_at = CASE WHEN f.give_up THEN now() END
                 FROM failures f WHERE e.id = f.id
                 RETURNING e.id, e.aggregate_type, e.aggregate_id, f.give_up
             ),
+            reverted AS (
+                UPDATE {s}.outbox_events
+                SET status = 'pending', published_at = NULL, attempt_count = attempt_count - 1
+                WHERE id = ANY($8)
+                RETURNING 1
+            ),
             blocked AS (
                 INSERT INTO {s}.outbox_blocked_aggregates (aggregate_type, aggregate_id, head_event_id)
-                SELECT aggregate_type, aggregate_id, id FROM retried WHERE NOT (give_up AND $8)
+                SELECT aggregate_type, aggregate_id, id FROM retried WHERE NOT (give_up AND $9)
                 ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET head_event_id = EXCLUDED.head_event_id
                 RETURNING 1
             ),
             skipped AS (
                 DELETE FROM {s}.outbox_blocked_aggregates b USING retried r
-                WHERE r.give_up AND $8
+                WHERE r.give_up AND $9
                   AND b.aggregate_type = r.aggregate_type AND b.aggregate_id = r.aggregate_id
                 RETURNING 1
             )
-            SELECT (SELECT count(*) FROM published) AS published,
-                   (SELECT count(*) FROM retried WHERE give_up) AS failed,
-                   (SELECT count(*) FROM unblocked) + (SELECT count(*) FROM skipped) AS unblocked,
-                   (SELECT count(*) FROM blocked) AS blocked"
+            SELECT (SELECT count(*) FROM retried WHERE give_up) AS failed,
+                   (SELECT count(*) FROM reverted) AS reverted,
+                   (SELECT count(*) FROM blocked) AS blocked,
+                   (SELECT count(*) FROM skipped) AS unblocked"
         );
-        let set_waiting = format!(
-            "INSERT INTO {s}.outbox_relay_listeners (relay_id, waiting, heartbeat_at) VALUES ($1, $2, now())
-             ON CONFLICT (relay_id) DO UPDATE SET waiting = EXCLUDED.waiting, heartbeat_at = now()"
+        let heartbeat = format!(
+            "WITH me AS (
+                INSERT INTO {s}.outbox_relay_listeners (relay_id, waiting, heartbeat_at) VALUES ($1, $2, now())
+                ON CONFLICT (relay_id) DO UPDATE SET waiting = EXCLUDED.waiting, heartbeat_at = now()
+            )
+            SELECT count(*) FROM {s}.outbox_relay_listeners
+            WHERE relay_id <> $1 AND heartbeat_at > now() - interval '30 seconds'"
         );
         let deregister = format!("DELETE FROM {s}.outbox_relay_listeners WHERE relay_id = $1");
         let stats = format!(
             "SELECT
                 (SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending') AS pending,
                 (SELECT count(*) FROM {s}.outbox_events WHERE status = 'failed') AS failed,
-                (SELECT created_at FROM {s}.outbox_events WHERE status = 'pending' ORDER BY id LIMIT 1) AS oldest,
+                (SELECT created_at FROM {s}.outbox_events WHERE status = 'pending' ORDER BY seq LIMIT 1) AS oldest,
                 (SELECT count(*) FROM {s}.outbox_blocked_aggregates) AS blocked,
                 coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0) AS dead,
                 coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0) AS live"
@@ -298,9 +334,10 @@ impl RelaySql {
                 LIMIT $2 FOR UPDATE SKIP LOCKED)"
         );
         RelaySql {
-            claim,
+            claim_shared,
+            claim_alone,
             complete,
-            set_waiting,
+            heartbeat,
             deregister,
             stats,
             blocked,

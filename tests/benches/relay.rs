@@ -1,0 +1,442 @@
+//! Relay speed, measured side by side in one run:
+//!
+//! 1. drain: the relay (per-aggregate order kept, no-op transport) against
+//!    raw SQL claim+mark (`UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
+//!    LOCKED LIMIT n) RETURNING …`, no order) on the same backlog shape
+//!    (1,000 aggregates), same batch size and worker count;
+//! 2. jetstream: the relay publishing to a real nats-server from a 100k
+//!    backlog;
+//! 3. latency: commit → JetStream delivery at half the measured capacity,
+//!    woken by NOTIFY, and with polling alone;
+//! 4. claim: claim time with an empty history and with a million published
+//!    rows (vacuumed), for the relay's claim and for the raw claim.
+//!
+//! `cargo bench -p outbox-tests --bench relay` (about ten minutes); under
+//! `cargo test` it runs a small smoke version.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::store::PgRelayStore;
+use outbox_core::transport::nats::{NatsConfig, NatsTransport};
+use outbox_tests::events::Ticked;
+use outbox_tests::transports::DiscardTransport;
+use outbox_tests::{NatsServer, TestDb};
+use serde_json::value::RawValue;
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+const AGGREGATES: i64 = 1_000;
+
+struct Scale {
+    backlog: i64,
+    jetstream_backlog: i64,
+    latency_seconds: u64,
+    worker_counts: Vec<usize>,
+    rounds: usize,
+}
+
+async fn fill(db: &TestDb, events: i64, first_version: i64) {
+    let per_aggregate = events / AGGREGATES;
+    db.execute(&format!(
+        "INSERT INTO {{s}}.outbox_events (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+         SELECT (lpad(to_hex(v * {AGGREGATES} + a), 12, '0') || '70008000000000000000')::uuid,
+                'counter', 'c' || a, v, 'counter.ticked', 1,
+                jsonb_build_object('counter', 'c' || a, 'tick', v, 'note', 'a payload of about one hundred bytes, like a small domain event')
+         FROM generate_series({first_version}, {first_version} + {per_aggregate} - 1) AS v,
+              generate_series(0, {AGGREGATES} - 1) AS a"
+    ))
+    .await;
+    db.execute("VACUUM ANALYZE {s}.outbox_events").await;
+}
+
+async fn raw_drain(db: &Arc<TestDb>, workers: usize, batch: i64, total: i64) -> f64 {
+    let sql = Arc::new(format!(
+        "UPDATE {t} SET status = 'published', published_at = now(), attempt_count = attempt_count + 1
+         WHERE id IN (SELECT id FROM {t} WHERE status = 'pending' ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
+         RETURNING id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload",
+        t = db.table("outbox_events")
+    ));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let db = Arc::clone(db);
+        let sql = Arc::clone(&sql);
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0i64;
+            loop {
+                let rows = sqlx::query(AssertSqlSafe(sql.as_str()))
+                    .bind(batch)
+                    .fetch_all(&db.pool)
+                    .await
+                    .unwrap();
+                if rows.is_empty() {
+                    return done;
+                }
+                for row in &rows {
+                    let _: Uuid = row.get(0);
+                    let _: Box<RawValue> = row.get(6);
+                }
+                done += rows.len() as i64;
+            }
+        }));
+    }
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.unwrap();
+    }
+    assert_eq!(done, total);
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn relay_drain(db: &Arc<TestDb>, workers: usize, batch: usize, total: i64) -> f64 {
+    let config = RelayConfig {
+        batch_size: batch,
+        workers,
+        poll_interval: Duration::from_millis(100),
+        stats_interval: Duration::ZERO,
+        ..RelayConfig::default()
+    };
+    let transport = DiscardTransport::default();
+    let store = PgRelayStore::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        config.failed_head_policy,
+        config.claim_timeout,
+    );
+    let started = Instant::now();
+    let relay = Relay::start(store, transport.clone(), config, "bench")
+        .await
+        .unwrap();
+    while (transport.count() as i64) < total {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rate = total as f64 / started.elapsed().as_secs_f64();
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    rate
+}
+
+/// Median of execution times of the relay's claim (ms).
+async fn relay_claim_ms(db: &TestDb, samples: usize) -> f64 {
+    let config = RelayConfig::default();
+    let store = PgRelayStore::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        config.failed_head_policy,
+        config.claim_timeout,
+    );
+    let mut times = Vec::new();
+    for _ in 0..samples {
+        let plan = store.explain_claim(1000).await.unwrap();
+        times.push(plan[0]["Execution Time"].as_f64().unwrap());
+    }
+    median(&mut times)
+}
+
+/// Median of execution times of the raw claim (ms).
+async fn raw_claim_ms(db: &TestDb, samples: usize) -> f64 {
+    let sql = format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload
+         FROM {t} WHERE status = 'pending' ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED",
+        t = db.table("outbox_events")
+    );
+    let mut times = Vec::new();
+    for _ in 0..samples {
+        let mut tx = db.pool.begin().await.unwrap();
+        let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(sql.as_str()))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        times.push(plan[0]["Execution Time"].as_f64().unwrap());
+    }
+    median(&mut times)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    values[values.len() / 2]
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let index = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values[index]
+}
+
+async fn bench_drain(scale: &Scale) {
+    println!(
+        "\n== drain {} events on {AGGREGATES} aggregates, batch 1000 (events/s)",
+        scale.backlog
+    );
+    for &workers in &scale.worker_counts {
+        let mut ratios = Vec::new();
+        for round in 0..scale.rounds {
+            let raw_db = Arc::new(TestDb::with_pool_size(workers as u32 + 2).await);
+            fill(&raw_db, scale.backlog, 1).await;
+            let raw = raw_drain(&raw_db, workers, 1000, scale.backlog).await;
+            let relay_db = Arc::new(TestDb::with_pool_size(workers as u32 + 4).await);
+            fill(&relay_db, scale.backlog, 1).await;
+            let relay = relay_drain(&relay_db, workers, 1000, scale.backlog).await;
+            println!(
+                "  workers {workers} round {round}: raw SQL {raw:.0}, relay {relay:.0}, relay/raw {:.3}",
+                relay / raw
+            );
+            ratios.push(relay / raw);
+            if let Ok(db) = Arc::try_unwrap(raw_db) {
+                db.drop_schema().await;
+            }
+            if let Ok(db) = Arc::try_unwrap(relay_db) {
+                db.drop_schema().await;
+            }
+        }
+        let min = ratios.iter().cloned().fold(f64::MAX, f64::min);
+        let max = ratios.iter().cloned().fold(f64::MIN, f64::max);
+        println!(
+            "  workers {workers}: relay/raw median {:.3} (min {min:.3}, max {max:.3})",
+            median(&mut ratios)
+        );
+    }
+}
+
+async fn bench_jetstream(scale: &Scale, server: &NatsServer) -> f64 {
+    println!(
+        "\n== relay to JetStream from a {} backlog",
+        scale.jetstream_backlog
+    );
+    let db = TestDb::with_pool_size(8).await;
+    fill(&db, scale.jetstream_backlog, 1).await;
+    let transport = NatsTransport::connect(NatsConfig {
+        url: server.url(),
+        stream: "BENCH".into(),
+        subject_template: "bench.{aggregate_type}.{event_type}".into(),
+        ..NatsConfig::default()
+    })
+    .await
+    .unwrap();
+    let config = RelayConfig {
+        batch_size: 1000,
+        workers: 2,
+        stats_interval: Duration::ZERO,
+        ..RelayConfig::default()
+    };
+    let started = Instant::now();
+    let relay = Relay::start_postgres(db.pool.clone(), db.schema.clone(), transport, config)
+        .await
+        .unwrap();
+    loop {
+        let pending: i64 = db
+            .scalar("SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending'")
+            .await;
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rate = scale.jetstream_backlog as f64 / started.elapsed().as_secs_f64();
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    println!("  {rate:.0} events/s (2 workers, batch 1000, waves per aggregate)");
+    db.drop_schema().await;
+    rate
+}
+
+async fn bench_latency(
+    scale: &Scale,
+    server: &NatsServer,
+    rate: f64,
+    listen: bool,
+    poll: Duration,
+) -> (f64, f64, usize) {
+    let db = Arc::new(TestDb::with_pool_size(24).await);
+    let stream = if listen { "LATNOTIFY" } else { "LATPOLL" };
+    let transport = NatsTransport::connect(NatsConfig {
+        url: server.url(),
+        stream: stream.into(),
+        subject_template: format!(
+            "{}.{{aggregate_type}}.{{event_type}}",
+            stream.to_lowercase()
+        ),
+        ..NatsConfig::default()
+    })
+    .await
+    .unwrap();
+    let relay = Relay::start_postgres(
+        db.pool.clone(),
+        db.schema.clone(),
+        transport,
+        RelayConfig {
+            listen,
+            poll_interval: poll,
+            stats_interval: Duration::ZERO,
+            ..RelayConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Receive side: record when each event id arrives.
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let mut subscription = client
+        .subscribe(format!("{}.>", stream.to_lowercase()))
+        .await
+        .unwrap();
+    let arrivals: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let recorder = {
+        let arrivals = Arc::clone(&arrivals);
+        tokio::spawn(async move {
+            while let Some(message) = subscription.next().await {
+                if let Some(id) = message.headers.as_ref().and_then(|h| h.get("ce-id")) {
+                    arrivals
+                        .lock()
+                        .unwrap()
+                        .insert(id.as_str().to_owned(), Instant::now());
+                }
+            }
+        })
+    };
+    // Producer: open loop, transactions of ten events (ten aggregates)
+    // started at `rate / 10` per second, each in its own task so a slow
+    // commit does not delay the schedule.
+    let commits: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let interval = Duration::from_secs_f64(10.0 / rate);
+    let started = Instant::now();
+    let mut next = started;
+    let mut n = 0u64;
+    let mut producers = Vec::new();
+    while started.elapsed() < Duration::from_secs(scale.latency_seconds) {
+        next += interval;
+        tokio::time::sleep_until(next.into()).await;
+        let db = Arc::clone(&db);
+        let commits = Arc::clone(&commits);
+        let first = n;
+        producers.push(tokio::spawn(async move {
+            let events: Vec<Ticked> = (first..first + 10)
+                .map(|i| Ticked::new(format!("c{}", i % 1000), i))
+                .collect();
+            let mut tx = db.pool.begin().await.unwrap();
+            let emitted = db.outbox.emit_all(&mut tx, &events).await.unwrap();
+            tx.commit().await.unwrap();
+            let committed = Instant::now();
+            commits
+                .lock()
+                .unwrap()
+                .extend(emitted.iter().map(|e| (e.event_id.to_string(), committed)));
+        }));
+        n += 10;
+    }
+    for producer in producers {
+        producer.await.unwrap();
+    }
+    let commits = std::mem::take(&mut *commits.lock().unwrap());
+    tokio::time::sleep(poll + Duration::from_millis(500)).await;
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    recorder.abort();
+    let arrivals = std::mem::take(&mut *arrivals.lock().unwrap());
+    let mut latencies: Vec<f64> = commits
+        .iter()
+        .filter_map(|(id, committed)| {
+            arrivals
+                .get(id)
+                .map(|arrived| arrived.saturating_duration_since(*committed).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    let received = latencies.len();
+    assert_eq!(received, commits.len(), "every committed event arrived");
+    let p50 = percentile(&mut latencies, 0.50);
+    let p99 = percentile(&mut latencies, 0.99);
+    if let Ok(db) = Arc::try_unwrap(db) {
+        db.drop_schema().await;
+    }
+    (p50, p99, received)
+}
+
+async fn bench_claim(scale: &Scale) {
+    println!(
+        "\n== claim of 1000 pending: empty history vs {} published rows (vacuumed), median execution ms",
+        scale.backlog
+    );
+    let db = TestDb::with_pool_size(4).await;
+    fill(&db, AGGREGATES, 1).await;
+    let relay_empty = relay_claim_ms(&db, 21).await;
+    let raw_empty = raw_claim_ms(&db, 21).await;
+    db.execute("DELETE FROM {s}.outbox_events").await;
+    fill(&db, scale.backlog, 1).await;
+    db.execute("UPDATE {s}.outbox_events SET status = 'published', published_at = now()")
+        .await;
+    fill(&db, AGGREGATES, scale.backlog / AGGREGATES + 1).await;
+    let relay_full = relay_claim_ms(&db, 21).await;
+    let raw_full = raw_claim_ms(&db, 21).await;
+    let relay_ratio = relay_full / relay_empty;
+    let raw_ratio = raw_full / raw_empty;
+    println!(
+        "  relay claim: {relay_empty:.2} ms empty, {relay_full:.2} ms with history, ratio {relay_ratio:.2}"
+    );
+    println!(
+        "  raw claim:   {raw_empty:.2} ms empty, {raw_full:.2} ms with history, ratio {raw_ratio:.2}"
+    );
+    println!("  relay ratio / raw ratio: {:.2}", relay_ratio / raw_ratio);
+    db.drop_schema().await;
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let full = std::env::args().any(|arg| arg == "--bench");
+    let only = std::env::var("OUTBOX_BENCH_ONLY").ok();
+    let scale = if full {
+        Scale {
+            backlog: 1_000_000,
+            jetstream_backlog: 100_000,
+            latency_seconds: 20,
+            worker_counts: vec![1, 4],
+            rounds: 2,
+        }
+    } else {
+        Scale {
+            backlog: 5_000,
+            jetstream_backlog: 2_000,
+            latency_seconds: 1,
+            worker_counts: vec![1],
+            rounds: 1,
+        }
+    };
+    let mut scale = scale;
+    if let Ok(backlog) = std::env::var("OUTBOX_BENCH_BACKLOG") {
+        scale.backlog = backlog.parse().expect("OUTBOX_BENCH_BACKLOG is a number");
+    }
+    if let Ok(rounds) = std::env::var("OUTBOX_BENCH_ROUNDS") {
+        scale.rounds = rounds.parse().expect("OUTBOX_BENCH_ROUNDS is a number");
+    }
+    let wants = |section: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|s| s == section))
+    };
+    if wants("drain") {
+        bench_drain(&scale).await;
+    }
+    let server = NatsServer::start();
+    let mut capacity = 15_000.0;
+    if wants("jetstream") {
+        capacity = bench_jetstream(&scale, &server).await;
+    }
+    if wants("latency") {
+        let rate = if full { capacity / 2.0 } else { 200.0 };
+        println!(
+            "\n== commit → JetStream delivery latency at {rate:.0} events/s (half the measured capacity; transactions of 10 events)"
+        );
+        let (p50, p99, n) =
+            bench_latency(&scale, &server, rate, true, Duration::from_secs(1)).await;
+        println!(
+            "  NOTIFY wake-up (poll 1 s as fallback): p50 {p50:.2} ms, p99 {p99:.2} ms, n={n}"
+        );
+        let (p50, p99, n) =
+            bench_latency(&scale, &server, rate, false, Duration::from_millis(100)).await;
+        println!(
+            "  polling alone every 100 ms:            p50 {p50:.2} ms, p99 {p99:.2} ms, n={n}"
+        );
+    }
+    if wants("claim") {
+        bench_claim(&scale).await;
+    }
+}
