@@ -71,8 +71,10 @@ CREATE TABLE outbox_blocked_aggregates (
 );
 
 -- Relays that sleep until woken: emit sends NOTIFY only while one waits, so
--- busy systems do not pay for the commit-time notification lock.
-CREATE TABLE outbox_relay_listeners (
+-- busy systems do not pay for the commit-time notification lock. Unlogged:
+-- a heartbeat never waits for a WAL flush, and after a crash the relays
+-- register again.
+CREATE UNLOGGED TABLE outbox_relay_listeners (
     relay_id     uuid        PRIMARY KEY,
     waiting      boolean     NOT NULL DEFAULT false,
     heartbeat_at timestamptz NOT NULL DEFAULT now()

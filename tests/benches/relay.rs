@@ -243,13 +243,16 @@ async fn bench_jetstream(scale: &Scale, server: &NatsServer) -> f64 {
     rate
 }
 
+/// Runs producers and a relay together; with `rate = None` the producers
+/// go flat out (closed loop); otherwise they keep `rate` events/s (open
+/// loop). Returns p50 and p99 latency (ms) and the delivered rate.
 async fn bench_latency(
     scale: &Scale,
     server: &NatsServer,
-    rate: f64,
+    rate: Option<f64>,
     listen: bool,
     poll: Duration,
-) -> (f64, f64, usize) {
+) -> (f64, f64, f64) {
     let db = Arc::new(TestDb::with_pool_size(24).await);
     let stream = if listen { "LATNOTIFY" } else { "LATPOLL" };
     let transport = NatsTransport::connect(NatsConfig {
@@ -270,6 +273,9 @@ async fn bench_latency(
         RelayConfig {
             listen,
             poll_interval: poll,
+            workers: std::env::var("OUTBOX_BENCH_LATENCY_WORKERS")
+                .map(|w| w.parse().unwrap())
+                .unwrap_or(2),
             stats_interval: Duration::ZERO,
             ..RelayConfig::default()
         },
@@ -296,41 +302,72 @@ async fn bench_latency(
             }
         })
     };
-    // Producer: open loop, transactions of ten events (ten aggregates)
-    // started at `rate / 10` per second, each in its own task so a slow
-    // commit does not delay the schedule.
+    // Producers: transactions of ten events (ten aggregates). Open loop at
+    // `rate / 10` transactions per second, each in its own task so a slow
+    // commit does not delay the schedule; or eight closed-loop producers.
     let commits: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
-    let interval = Duration::from_secs_f64(10.0 / rate);
     let started = Instant::now();
-    let mut next = started;
-    let mut n = 0u64;
+    let duration = Duration::from_secs(scale.latency_seconds);
+    let transaction = |db: Arc<TestDb>, commits: Arc<Mutex<Vec<(String, Instant)>>>, first: u64| async move {
+        let events: Vec<Ticked> = (first..first + 10)
+            .map(|i| Ticked::new(format!("c{}", i % 1000), i))
+            .collect();
+        let mut tx = db.pool.begin().await.unwrap();
+        let emitted = db.outbox.emit_all(&mut tx, &events).await.unwrap();
+        tx.commit().await.unwrap();
+        let committed = Instant::now();
+        commits
+            .lock()
+            .unwrap()
+            .extend(emitted.iter().map(|e| (e.event_id.to_string(), committed)));
+    };
     let mut producers = Vec::new();
-    while started.elapsed() < Duration::from_secs(scale.latency_seconds) {
-        next += interval;
-        tokio::time::sleep_until(next.into()).await;
-        let db = Arc::clone(&db);
-        let commits = Arc::clone(&commits);
-        let first = n;
-        producers.push(tokio::spawn(async move {
-            let events: Vec<Ticked> = (first..first + 10)
-                .map(|i| Ticked::new(format!("c{}", i % 1000), i))
-                .collect();
-            let mut tx = db.pool.begin().await.unwrap();
-            let emitted = db.outbox.emit_all(&mut tx, &events).await.unwrap();
-            tx.commit().await.unwrap();
-            let committed = Instant::now();
-            commits
-                .lock()
-                .unwrap()
-                .extend(emitted.iter().map(|e| (e.event_id.to_string(), committed)));
-        }));
-        n += 10;
+    match rate {
+        Some(rate) => {
+            let interval = Duration::from_secs_f64(10.0 / rate);
+            let mut next = started;
+            let mut n = 0u64;
+            while started.elapsed() < duration {
+                next += interval;
+                tokio::time::sleep_until(next.into()).await;
+                producers.push(tokio::spawn(transaction(
+                    Arc::clone(&db),
+                    Arc::clone(&commits),
+                    n,
+                )));
+                n += 10;
+            }
+        }
+        None => {
+            for producer in 0..8u64 {
+                let db = Arc::clone(&db);
+                let commits = Arc::clone(&commits);
+                producers.push(tokio::spawn(async move {
+                    let mut n = producer * 1_000_000_000;
+                    while started.elapsed() < duration {
+                        transaction(Arc::clone(&db), Arc::clone(&commits), n).await;
+                        n += 10;
+                    }
+                }));
+            }
+        }
     }
     for producer in producers {
         producer.await.unwrap();
     }
     let commits = std::mem::take(&mut *commits.lock().unwrap());
-    tokio::time::sleep(poll + Duration::from_millis(500)).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while arrivals.lock().unwrap().len() < commits.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let delivered_rate = commits.len() as f64
+        / arrivals
+            .lock()
+            .unwrap()
+            .values()
+            .max()
+            .map(|last| last.duration_since(started).as_secs_f64())
+            .unwrap_or(1.0);
     relay.drain(Duration::from_secs(10)).await.unwrap();
     recorder.abort();
     let arrivals = std::mem::take(&mut *arrivals.lock().unwrap());
@@ -346,10 +383,19 @@ async fn bench_latency(
     assert_eq!(received, commits.len(), "every committed event arrived");
     let p50 = percentile(&mut latencies, 0.50);
     let p99 = percentile(&mut latencies, 0.99);
+    if std::env::var("OUTBOX_BENCH_VERBOSE").is_ok() {
+        for p in [0.9, 0.95, 0.98, 0.995, 0.999] {
+            println!(
+                "    p{}: {:.2} ms",
+                p * 100.0,
+                percentile(&mut latencies, p)
+            );
+        }
+    }
     if let Ok(db) = Arc::try_unwrap(db) {
         db.drop_schema().await;
     }
-    (p50, p99, received)
+    (p50, p99, delivered_rate)
 }
 
 async fn bench_claim(scale: &Scale) {
@@ -416,25 +462,32 @@ async fn main() {
         bench_drain(&scale).await;
     }
     let server = NatsServer::start();
-    let mut capacity = 15_000.0;
     if wants("jetstream") {
-        capacity = bench_jetstream(&scale, &server).await;
+        bench_jetstream(&scale, &server).await;
     }
     if wants("latency") {
-        let rate = if full { capacity / 2.0 } else { 200.0 };
+        let (_, _, capacity) =
+            bench_latency(&scale, &server, None, true, Duration::from_secs(1)).await;
         println!(
-            "\n== commit → JetStream delivery latency at {rate:.0} events/s (half the measured capacity; transactions of 10 events)"
+            "\n== end-to-end capacity (8 producers, transactions of 10 events, relay to JetStream): {capacity:.0} events/s"
         );
-        let (p50, p99, n) =
-            bench_latency(&scale, &server, rate, true, Duration::from_secs(1)).await;
-        println!(
-            "  NOTIFY wake-up (poll 1 s as fallback): p50 {p50:.2} ms, p99 {p99:.2} ms, n={n}"
-        );
-        let (p50, p99, n) =
-            bench_latency(&scale, &server, rate, false, Duration::from_millis(100)).await;
-        println!(
-            "  polling alone every 100 ms:            p50 {p50:.2} ms, p99 {p99:.2} ms, n={n}"
-        );
+        let fraction: f64 = std::env::var("OUTBOX_BENCH_LOAD_FRACTION")
+            .map(|f| f.parse().unwrap())
+            .unwrap_or(0.5);
+        let rate = capacity * fraction;
+        println!("== commit → JetStream delivery latency at {rate:.0} events/s (half of it)");
+        let (p50, p99, _) =
+            bench_latency(&scale, &server, Some(rate), true, Duration::from_secs(1)).await;
+        println!("  NOTIFY wake-up (poll 1 s as fallback): p50 {p50:.2} ms, p99 {p99:.2} ms");
+        let (p50, p99, _) = bench_latency(
+            &scale,
+            &server,
+            Some(rate),
+            false,
+            Duration::from_millis(100),
+        )
+        .await;
+        println!("  polling alone every 100 ms:            p50 {p50:.2} ms, p99 {p99:.2} ms");
     }
     if wants("claim") {
         bench_claim(&scale).await;

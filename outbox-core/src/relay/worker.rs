@@ -94,6 +94,9 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
             continue;
         }
 
+        process(&shared, batch).await;
+        // After the batch, not before it: the flag costs a write, and a
+        // stale "waiting" only makes emitters send a NOTIFY too many.
         if waiting || last_heartbeat.elapsed() >= HEARTBEAT_EVERY {
             waiting = false;
             last_heartbeat = Instant::now();
@@ -101,7 +104,6 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
                 tracing::warn!(%error, "relay could not refresh its heartbeat");
             }
         }
-        process(&shared, batch).await;
     }
     if let Err(error) = shared.store.deregister(worker_id).await {
         tracing::warn!(%error, "relay could not deregister");

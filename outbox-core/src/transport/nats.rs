@@ -88,6 +88,11 @@ impl SubjectTemplate {
                 rest = &rest[end..];
             }
         }
+        if !segments.iter().any(|s| matches!(s, Segment::Value(_))) {
+            return Err(bad(
+                "it uses no placeholder, so every event would share one subject".into(),
+            ));
+        }
         let prefix = match segments.first() {
             Some(Segment::Literal(literal)) if literal.ends_with('.') && literal.len() > 1 => {
                 literal.clone()
@@ -100,11 +105,6 @@ impl SubjectTemplate {
         };
         if prefix.starts_with('.') || prefix.contains("..") {
             return Err(bad("empty subject tokens (`..` or a leading `.`)".into()));
-        }
-        if !segments.iter().any(|s| matches!(s, Segment::Value(_))) {
-            return Err(bad(
-                "it uses no placeholder, so every event would share one subject".into(),
-            ));
         }
         Ok(SubjectTemplate {
             text: template.to_owned(),
