@@ -108,6 +108,8 @@ CREATE TABLE outbox_consumer_parked (
     aggregate_version bigint      NOT NULL,
     envelope          jsonb       NOT NULL,
     parked_at         timestamptz NOT NULL DEFAULT now(),
+    attempts          integer     NOT NULL DEFAULT 0,
+    last_error        text,
     PRIMARY KEY (consumer_name, event_id)
 );
 CREATE INDEX outbox_consumer_parked_aggregate_idx

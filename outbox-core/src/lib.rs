@@ -14,10 +14,13 @@
 //! apply their database effects once per (consumer, event id); ordering is
 //! per aggregate, never global.
 
+#[cfg(feature = "postgres")]
+pub mod consumer;
 mod contract;
 #[cfg(feature = "postgres")]
 mod emit;
 mod envelope;
+pub mod failpoint;
 #[cfg(feature = "postgres")]
 pub mod metrics;
 mod redact;

@@ -47,3 +47,24 @@ pub fn record_stats(schema: &str, stats: &OutboxStats) {
     metrics::gauge!(DEAD_TUPLES, "schema" => schema.clone()).set(stats.dead_tuples as f64);
     metrics::gauge!(LIVE_TUPLES, "schema" => schema).set(stats.live_tuples as f64);
 }
+
+/// Messages a consumer settled (counter, labels `consumer`, `outcome` =
+/// applied|duplicate|stale|parked|quarantined|ignored|retry|dead_lettered).
+pub const CONSUMER_MESSAGES: &str = "outbox_consumer_messages_total";
+/// Duplicates a consumer's inbox rejected (counter, label `consumer`).
+pub const CONSUMER_DUPLICATES: &str = "outbox_consumer_duplicates_total";
+/// Messages a consumer quarantined (counter, label `consumer`).
+pub const CONSUMER_QUARANTINED: &str = "outbox_consumer_quarantined_total";
+/// Messages a consumer moved to its dead letters (counter, label `consumer`).
+pub const CONSUMER_DEAD_LETTERED: &str = "outbox_consumer_dead_lettered_total";
+/// Seconds from an event's emit to its handler's commit, for the latest
+/// applied event (gauge, label `consumer`): the consumer lag in time.
+pub const CONSUMER_LAG: &str = "outbox_consumer_lag_seconds";
+/// Messages the broker holds for the consumer, not yet delivered (gauge,
+/// label `consumer`; JetStream reports it with each message).
+pub const CONSUMER_PENDING: &str = "outbox_consumer_pending_messages";
+/// Time a handler ran, including its failures (histogram, label `consumer`).
+pub const CONSUMER_HANDLER_DURATION: &str = "outbox_consumer_handler_duration_seconds";
+/// Database or source errors of a consumer loop (counter, labels
+/// `consumer`, `kind` = database|source).
+pub const CONSUMER_ERRORS: &str = "outbox_consumer_errors_total";

@@ -58,3 +58,67 @@ pub async fn emit_ticks(
     }
     total
 }
+
+// A contract with three versions: v1 exists only as JSON (its struct is
+// gone; a JSON upcaster turns it into v2), v2 → v3 is typed.
+
+/// v1 → v2: grams become kilograms.
+pub fn parcel_v1_to_v2(
+    mut value: serde_json::Value,
+) -> Result<serde_json::Value, outbox_core::UpcastError> {
+    let object = value.as_object_mut().ok_or_else(|| {
+        outbox_core::UpcastError::new("a v1 parcel.booked payload must be an object")
+    })?;
+    let grams = object
+        .remove("weight_grams")
+        .and_then(|w| w.as_f64())
+        .ok_or_else(|| {
+            outbox_core::UpcastError::new("v1 parcel.booked has no numeric weight_grams")
+        })?;
+    object.insert("weight_kg".into(), serde_json::json!(grams / 1000.0));
+    Ok(value)
+}
+
+/// `parcel.booked` v2.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(
+    event_type = "parcel.booked",
+    aggregate = "parcel",
+    version = 2,
+    upcast(from = 1, with = parcel_v1_to_v2)
+)]
+pub struct ParcelBookedV2 {
+    /// The parcel.
+    #[outbox(aggregate_id)]
+    pub parcel_id: String,
+    /// Its weight.
+    pub weight_kg: f64,
+}
+
+/// `parcel.booked` v3 (current): adds the carrier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(
+    event_type = "parcel.booked",
+    aggregate = "parcel",
+    version = 3,
+    upcast_from = ParcelBookedV2
+)]
+pub struct ParcelBooked {
+    /// The parcel.
+    #[outbox(aggregate_id)]
+    pub parcel_id: String,
+    /// Its weight.
+    pub weight_kg: f64,
+    /// Who carries it (`unassigned` for parcels booked before v3).
+    pub carrier: String,
+}
+
+impl From<ParcelBookedV2> for ParcelBooked {
+    fn from(v2: ParcelBookedV2) -> Self {
+        ParcelBooked {
+            parcel_id: v2.parcel_id,
+            weight_kg: v2.weight_kg,
+            carrier: "unassigned".into(),
+        }
+    }
+}

@@ -55,7 +55,7 @@ impl Backoff {
         Duration::from_secs_f64((capped * (1.0 + spread)).clamp(0.0, self.max.as_secs_f64()))
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let bad = |reason: String| ConfigError::InvalidValue {
             what: "relay backoff",
             reason,

@@ -9,7 +9,7 @@
 //! waits for them with a deadline; dropping the handle aborts them.
 
 pub mod config;
-pub mod failpoint;
+pub use crate::failpoint;
 pub mod retention;
 pub mod store;
 mod waves;

@@ -209,7 +209,7 @@ async fn process<S: RelayStore, T: Transport>(shared: &Shared<S, T>, batch: S::B
         }
     }
 
-    crate::relay::failpoint::hit(crate::relay::failpoint::AFTER_PUBLISH).await;
+    crate::failpoint::hit(crate::failpoint::AFTER_PUBLISH).await;
 
     let published = outcome.published.len() as u64;
     let claimed = events.len();

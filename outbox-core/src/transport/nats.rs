@@ -17,6 +17,10 @@ use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use futures_util::future::join_all;
 
+mod source;
+
+pub use source::{JetStreamDelivery, JetStreamSource, JetStreamSourceConfig, common_filter};
+
 use super::{PublishFailure, Transport};
 use crate::envelope::Envelope;
 use crate::store::ConfigError;
@@ -111,6 +115,22 @@ impl SubjectTemplate {
             segments,
             prefix,
         })
+    }
+
+    /// The subject of events of one (aggregate type, event type), with `*`
+    /// for the aggregate id when the template uses it: a consumer's
+    /// filter.
+    pub fn filter_for(&self, aggregate_type: &str, event_type: &str) -> String {
+        let mut subject = String::with_capacity(64);
+        for segment in &self.segments {
+            match segment {
+                Segment::Literal(literal) => subject.push_str(literal),
+                Segment::Value(Part::AggregateType) => subject.push_str(aggregate_type),
+                Segment::Value(Part::EventType) => subject.push_str(event_type),
+                Segment::Value(Part::AggregateId) => subject.push('*'),
+            }
+        }
+        subject
     }
 
     /// The subject filter that captures every rendered subject (`events.>`).

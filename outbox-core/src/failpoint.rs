@@ -1,10 +1,13 @@
 //! Failpoints for fault-injection tests (feature `failpoints`): named
-//! places in the relay loop where a test makes the process panic or hang,
+//! places in the relay and consumer loops where a test makes the process panic or hang,
 //! to force a failure window instead of hoping for it. Without the feature
 //! every hit compiles to nothing.
 
-/// Between the broker's acks and recording the outcome.
+/// Relay: between the broker's acks and recording the outcome.
 pub const AFTER_PUBLISH: &str = "relay::after_publish";
+/// Consumer: after the inbox row and the effect committed, before the
+/// broker message is acknowledged.
+pub const CONSUMER_AFTER_COMMIT: &str = "consumer::after_commit";
 
 /// What a failpoint does when hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,291 @@
+//! Building a consumer: handlers are registered by type and checked
+//! against the contracts linked into the binary before the first message.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use sqlx::{PgConnection, PgPool};
+
+use super::config::{ConsumerConfig, validate_name};
+use super::handler::{Dispatch, FnHandler, Handler, HandlerError, Received, Typed};
+use super::{Consumer, Inner};
+use crate::contract::OutboxEvent;
+use crate::registry::{ContractRegistry, RegistryErrors};
+use crate::store::consumer::ConsumerSql;
+use crate::store::{ConfigError, SchemaName};
+
+/// One problem found while building a consumer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// A setting or the name is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No handler was registered.
+    #[error("consumer {consumer} has no handlers; register one with `on::<Event>(handler)`")]
+    NoHandlers {
+        /// The consumer.
+        consumer: String,
+    },
+    /// Two handlers for one event type.
+    #[error(
+        "consumer {consumer} has two handlers for {event_type}: one for {first} and one for {second}; keep one (it receives every version, upcast)"
+    )]
+    DuplicateHandler {
+        /// The consumer.
+        consumer: String,
+        /// The event type.
+        event_type: &'static str,
+        /// The type of the first handler's event.
+        first: &'static str,
+        /// The type of the second handler's event.
+        second: &'static str,
+    },
+    /// The handler's type is not the newest version in the binary, so
+    /// newer messages could never reach it.
+    #[error(
+        "consumer {consumer} handles {event_type} as {rust_type} (v{handler_version}), but v{newest} exists in this binary; handle the newest version, older ones are upcast to it"
+    )]
+    NotNewest {
+        /// The consumer.
+        consumer: String,
+        /// The event type.
+        event_type: &'static str,
+        /// The handler's event type.
+        rust_type: &'static str,
+        /// Its version.
+        handler_version: u32,
+        /// The newest registered version.
+        newest: u32,
+    },
+    /// A registered version cannot be upcast to the handler's version.
+    #[error(
+        "consumer {consumer} handles {event_type} v{handler_version}, whose upcast chain starts at v{readable_from}, but v{version} is registered; add an upcaster from v{version} or retire it"
+    )]
+    Unreachable {
+        /// The consumer.
+        consumer: String,
+        /// The event type.
+        event_type: &'static str,
+        /// The handler's version.
+        handler_version: u32,
+        /// Where its chain starts.
+        readable_from: u32,
+        /// The version it cannot read.
+        version: u32,
+    },
+    /// The binary's contracts are inconsistent.
+    #[error("{0}")]
+    Registry(RegistryErrors),
+}
+
+/// Every problem found while building a consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildErrors(pub Vec<BuildError>);
+
+impl fmt::Display for BuildErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} problem(s) building the consumer", self.0.len())?;
+        for error in &self.0 {
+            write!(f, "\n  - {error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BuildErrors {}
+
+/// Collects handlers and settings; [`ConsumerBuilder::build`] checks them.
+pub struct ConsumerBuilder {
+    name: String,
+    config: ConsumerConfig,
+    handlers: Vec<Box<dyn Dispatch>>,
+    ignored: BTreeSet<String>,
+    registry: Option<ContractRegistry>,
+}
+
+impl fmt::Debug for ConsumerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field(
+                "handlers",
+                &self
+                    .handlers
+                    .iter()
+                    .map(|h| h.rust_type())
+                    .collect::<Vec<_>>(),
+            )
+            .field("ignored", &self.ignored)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsumerBuilder {
+    /// A consumer called `name`: its inbox key, its positions, its dead
+    /// letters and its JetStream durable name.
+    pub fn new(name: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder {
+            name: name.into(),
+            config: ConsumerConfig::default(),
+            handlers: Vec::new(),
+            ignored: BTreeSet::new(),
+            registry: None,
+        }
+    }
+
+    /// Handles every version of `E`'s event type: older versions are
+    /// upcast to `E` before `handler` sees them.
+    pub fn on<E: OutboxEvent, H: Handler<E>>(mut self, handler: H) -> Self {
+        self.handlers.push(Box::new(Typed::<E, H>::new(handler)));
+        self
+    }
+
+    /// As [`on`](Self::on), with a closure:
+    /// `|event, tx| Box::pin(async move { ...; Ok(()) })`.
+    pub fn on_fn<E, F>(self, handler: F) -> Self
+    where
+        E: OutboxEvent,
+        F: for<'a> Fn(Received<E>, &'a mut PgConnection) -> BoxFuture<'a, Result<(), HandlerError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.on::<E, _>(FnHandler(handler))
+    }
+
+    /// Acknowledges messages of `event_type` without handling them (a
+    /// shared stream carries events this consumer does not care about).
+    /// Any other type without a handler is quarantined.
+    pub fn ignore(mut self, event_type: impl Into<String>) -> Self {
+        self.ignored.insert(event_type.into());
+        self
+    }
+
+    /// Replaces all settings.
+    pub fn config(mut self, config: ConsumerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets the ordering policy.
+    pub fn ordering(mut self, ordering: super::Ordering) -> Self {
+        self.config.ordering = ordering;
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn retry(mut self, retry: super::RetryPolicy) -> Self {
+        self.config.retry = retry;
+        self
+    }
+
+    /// Sets the batch size (messages per transaction).
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.config.batch_size = batch_size;
+        self
+    }
+
+    /// Checks handlers against `registry` instead of the contracts linked
+    /// into the binary (tests of the checks themselves).
+    pub fn registry(mut self, registry: ContractRegistry) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Checks everything and builds the consumer on `pool`, with its tables
+    /// in `schema` (migrated with [`crate::store::migrate`]).
+    pub fn build(self, pool: PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
+        let mut problems = Vec::new();
+        if let Err(error) = validate_name(&self.name) {
+            problems.push(error.into());
+        }
+        if let Err(error) = self.config.validate() {
+            problems.push(error.into());
+        }
+        if self.handlers.is_empty() {
+            problems.push(BuildError::NoHandlers {
+                consumer: self.name.clone(),
+            });
+        }
+        let registry = match self.registry {
+            Some(registry) => Some(registry),
+            None => match ContractRegistry::global() {
+                Ok(registry) => Some(registry.clone()),
+                Err(errors) => {
+                    problems.push(BuildError::Registry(errors.clone()));
+                    None
+                }
+            },
+        };
+        let mut handlers: HashMap<&'static str, Box<dyn Dispatch>> = HashMap::new();
+        for handler in self.handlers {
+            if let Some(registry) = &registry {
+                problems.extend(check_reach(&self.name, handler.as_ref(), registry));
+            }
+            if let Some(first) = handlers.get(handler.event_type()) {
+                problems.push(BuildError::DuplicateHandler {
+                    consumer: self.name.clone(),
+                    event_type: handler.event_type(),
+                    first: first.rust_type(),
+                    second: handler.rust_type(),
+                });
+                continue;
+            }
+            handlers.insert(handler.event_type(), handler);
+        }
+        if !problems.is_empty() {
+            return Err(BuildErrors(problems));
+        }
+        let name: Arc<str> = Arc::from(self.name.as_str());
+        Ok(Consumer {
+            inner: Arc::new(Inner {
+                sql: ConsumerSql::new(&schema),
+                schema,
+                pool,
+                name,
+                handlers,
+                ignored: self.ignored,
+                config: self.config,
+            }),
+        })
+    }
+}
+
+/// The registered versions of the handler's event type must all reach it.
+fn check_reach(
+    consumer: &str,
+    handler: &dyn Dispatch,
+    registry: &ContractRegistry,
+) -> Vec<BuildError> {
+    let mut problems = Vec::new();
+    let versions: Vec<u32> = registry
+        .versions(handler.event_type())
+        .map(|contract| contract.schema_version)
+        .collect();
+    if let Some(&newest) = versions.iter().max()
+        && newest > handler.version()
+    {
+        problems.push(BuildError::NotNewest {
+            consumer: consumer.to_owned(),
+            event_type: handler.event_type(),
+            rust_type: handler.rust_type(),
+            handler_version: handler.version(),
+            newest,
+        });
+    }
+    for version in versions {
+        if version < handler.readable_from() {
+            problems.push(BuildError::Unreachable {
+                consumer: consumer.to_owned(),
+                event_type: handler.event_type(),
+                handler_version: handler.version(),
+                readable_from: handler.readable_from(),
+                version,
+            });
+        }
+    }
+    problems
+}

@@ -1,0 +1,123 @@
+//! Consumers: typed handlers that apply each event once per consumer,
+//! inside the consumer's own database transaction.
+//!
+//! Per message: `BEGIN`; insert (consumer, event id) into the inbox (a
+//! conflict means a duplicate: count it, change nothing, acknowledge);
+//! apply the [`Ordering`] policy with the aggregate's position; decode and
+//! upcast the payload to the handler's version; run the handler with the
+//! transaction; `COMMIT`; only then acknowledge the broker message. A crash
+//! before the commit redelivers and starts over; a crash after the commit
+//! meets the inbox key and changes nothing.
+//!
+//! ```no_run
+//! # use outbox_core::consumer::{ConsumerBuilder, HandlerError, Received};
+//! # use outbox_core::OutboxEvent;
+//! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
+//! # #[outbox(event_type = "order.created", aggregate = "order", version = 1)]
+//! # struct OrderCreated { #[outbox(aggregate_id)] order_id: String, total_cents: i64 }
+//! # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let consumer = ConsumerBuilder::new("billing")
+//!     .on_fn(|order: Received<OrderCreated>, tx| {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO invoices (order_id, cents) VALUES ($1, $2)")
+//!                 .bind(&order.event.order_id)
+//!                 .bind(order.event.total_cents)
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!             Ok::<(), HandlerError>(())
+//!         })
+//!     })
+//!     .build(pool, outbox_core::store::SchemaName::new("outbox")?)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Messages that cannot be read (no contract for the event type, a schema
+//! version newer than the handler's, a payload that does not decode or
+//! upcast) go to the quarantine with the raw bytes, the headers and the
+//! reason, and are acknowledged. A handler that fails is retried with
+//! backoff up to [`RetryPolicy::max_attempts`] deliveries, then the message
+//! goes to the dead letters with the last error. Other aggregates go on.
+
+mod builder;
+mod config;
+mod handler;
+mod incoming;
+mod process;
+mod runner;
+mod source;
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+pub use builder::{BuildError, BuildErrors, ConsumerBuilder};
+pub use config::{ConsumerConfig, Ordering, RetryPolicy};
+pub use handler::{EventMeta, Handler, HandlerError, Received, idempotency_key};
+pub use incoming::{Incoming, Outcome};
+pub use process::{ConsumerError, SweepReport};
+pub use runner::ConsumerTask;
+pub use source::{
+    ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, Delivery, MessageSource,
+    SourceError, channel,
+};
+
+pub(crate) use config::validate_name as validate_durable;
+
+use crate::store::SchemaName;
+use crate::store::consumer::ConsumerSql;
+use handler::Dispatch;
+
+/// A built consumer. Cheap to clone; every clone shares the handlers.
+/// Run it with [`Consumer::spawn`] on a [`MessageSource`], or feed it
+/// messages yourself with [`Consumer::handle`] / [`Consumer::handle_batch`].
+#[derive(Clone)]
+pub struct Consumer {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) name: Arc<str>,
+    pub(crate) pool: PgPool,
+    pub(crate) schema: SchemaName,
+    pub(crate) sql: ConsumerSql,
+    pub(crate) handlers: HashMap<&'static str, Box<dyn Dispatch>>,
+    pub(crate) ignored: BTreeSet<String>,
+    pub(crate) config: ConsumerConfig,
+}
+
+impl fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field("name", &self.inner.name)
+            .field("schema", &self.inner.schema)
+            .field("event_types", &self.event_types())
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Consumer {
+    /// The consumer's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &ConsumerConfig {
+        &self.inner.config
+    }
+
+    /// The (aggregate type, event type) pairs it handles, sorted.
+    pub fn event_types(&self) -> Vec<(&'static str, &'static str)> {
+        let mut types: Vec<_> = self
+            .inner
+            .handlers
+            .values()
+            .map(|h| (h.aggregate_type(), h.event_type()))
+            .collect();
+        types.sort_unstable();
+        types
+    }
+}

@@ -1,0 +1,148 @@
+//! The consumer loop as an owned task: take a batch from the source,
+//! process it, settle each delivery (ack after commit, or a delayed
+//! redelivery), sweep parked messages on a timer.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::Consumer;
+use super::config::Ordering;
+use super::incoming::{Incoming, Outcome};
+use super::source::{Delivery, MessageSource};
+use crate::metrics as m;
+use crate::relay::DrainTimeout;
+
+/// A running consumer loop.
+#[derive(Debug)]
+pub struct ConsumerTask {
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Consumer {
+    /// Runs the consumer on `source` until [`ConsumerTask::stop`] or until
+    /// the source closes. Spawn several (on the same durable JetStream
+    /// consumer, for instance) for parallelism: the inbox and the
+    /// positions keep them safe against each other.
+    pub fn spawn<S: MessageSource>(&self, source: S) -> ConsumerTask {
+        let (shutdown, receiver) = watch::channel(false);
+        let task = tokio::spawn(run(self.clone(), source, receiver));
+        ConsumerTask { shutdown, task }
+    }
+}
+
+impl ConsumerTask {
+    /// Asks the loop to stop after the batch in hand.
+    pub fn stop(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Whether the loop has ended (stopped, source closed, or panicked).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the loop to end by itself (the source closed); an error
+    /// when it panicked.
+    pub async fn join(self) -> Result<(), tokio::task::JoinError> {
+        self.task.await
+    }
+
+    /// Stops and waits up to `timeout`; aborts the loop after that (its
+    /// uncommitted message is delivered again).
+    pub async fn drain(self, timeout: Duration) -> Result<(), DrainTimeout> {
+        self.stop();
+        let abort = self.task.abort_handle();
+        match tokio::time::timeout(timeout, self.task).await {
+            Ok(_) => Ok(()),
+            Err(_) => {
+                abort.abort();
+                Err(DrainTimeout(timeout))
+            }
+        }
+    }
+}
+
+async fn run<S: MessageSource>(
+    consumer: Consumer,
+    mut source: S,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let config = consumer.config().clone();
+    let strict = matches!(config.ordering, Ordering::Strict { .. });
+    let mut sweep = tokio::time::interval(if strict {
+        config.sweep_interval
+    } else {
+        Duration::from_secs(3600)
+    });
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let name = consumer.name().to_owned();
+    tracing::info!(consumer = %name, "consumer started");
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => {}
+            _ = sweep.tick(), if strict => {
+                if let Err(error) = consumer.sweep().await {
+                    tracing::warn!(consumer = %name, %error, "sweep of parked messages failed");
+                    metrics::counter!(m::CONSUMER_ERRORS, "consumer" => name.clone(), "kind" => "database").increment(1);
+                }
+            }
+            batch = source.next_batch(config.batch_size) => match batch {
+                Ok(batch) if batch.is_empty() => {
+                    tracing::info!(consumer = %name, "source closed");
+                    break;
+                }
+                Ok(batch) => settle(&consumer, batch, config.error_backoff).await,
+                Err(error) => {
+                    tracing::warn!(consumer = %name, %error, "message source failed");
+                    metrics::counter!(m::CONSUMER_ERRORS, "consumer" => name.clone(), "kind" => "source").increment(1);
+                    pause(&mut shutdown, config.error_backoff).await;
+                }
+            },
+        }
+    }
+    tracing::info!(consumer = %name, "consumer stopped");
+}
+
+/// Processes a batch and settles every delivery: acknowledged after the
+/// commit, redelivered later on a retry or when the database failed.
+async fn settle<D: Delivery>(consumer: &Consumer, batch: Vec<D>, error_backoff: Duration) {
+    let refs: Vec<&Incoming> = batch.iter().map(Delivery::incoming).collect();
+    let result = consumer.handle_refs(&refs).await;
+    match result {
+        Ok(outcomes) => {
+            for (delivery, outcome) in batch.into_iter().zip(outcomes) {
+                let settled = match outcome {
+                    Outcome::Retry { delay, .. } => delivery.retry_later(delay).await,
+                    _ => delivery.ack().await,
+                };
+                if let Err(error) = settled {
+                    // Not acknowledged: the broker delivers it again and
+                    // the inbox turns it into a duplicate.
+                    tracing::warn!(consumer = %consumer.name(), %error, "settling a message failed");
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(consumer = %consumer.name(), %error, "processing failed; messages will be delivered again");
+            metrics::counter!(m::CONSUMER_ERRORS, "consumer" => consumer.name().to_owned(), "kind" => "database").increment(1);
+            for delivery in batch {
+                let _ = delivery.retry_later(error_backoff).await;
+            }
+            tokio::time::sleep(error_backoff).await;
+        }
+    }
+}
+
+async fn pause(shutdown: &mut watch::Receiver<bool>, delay: Duration) {
+    tokio::select! {
+        _ = shutdown.changed() => {}
+        _ = tokio::time::sleep(delay) => {}
+    }
+}

@@ -1,0 +1,417 @@
+//! The PostgreSQL side of a consumer: the inbox (processed events), the
+//! per-aggregate positions of the ordering policies, parked messages of
+//! strict ordering, and quarantine / dead letters. Every statement takes
+//! the consumer's name as a bind parameter; the schema is a validated
+//! identifier.
+
+use sqlx::{AssertSqlSafe, PgConnection, Row};
+use uuid::Uuid;
+
+use super::SchemaName;
+use crate::envelope::Envelope;
+
+/// What a dead-letter row records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LetterKind {
+    /// The message could not be read (unknown type, newer version, bad payload).
+    Quarantined,
+    /// The handler kept failing.
+    DeadLettered,
+}
+
+impl LetterKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            LetterKind::Quarantined => "quarantined",
+            LetterKind::DeadLettered => "dead_lettered",
+        }
+    }
+}
+
+/// A row for `outbox_dead_letters`.
+#[derive(Debug, Clone)]
+pub(crate) struct Letter<'a> {
+    pub(crate) kind: LetterKind,
+    pub(crate) envelope: Option<&'a Envelope>,
+    pub(crate) headers: serde_json::Value,
+    pub(crate) payload: &'a [u8],
+    pub(crate) reason: &'a str,
+    pub(crate) attempts: u32,
+}
+
+/// A parked message (strict ordering).
+#[derive(Debug)]
+pub(crate) struct ParkedMessage {
+    pub(crate) envelope: Envelope,
+    pub(crate) attempts: u32,
+}
+
+/// The SQL of the consumer statements for one schema.
+#[derive(Debug)]
+pub(crate) struct ConsumerSql {
+    inbox_one: String,
+    inbox_many: String,
+    advance_if_newer: String,
+    lock_position: String,
+    set_position: String,
+    park: String,
+    next_parked: String,
+    unpark: String,
+    parked_failed: String,
+    ready_parked: String,
+    expired_parked: String,
+    dead_letter_parked: String,
+    letter: String,
+}
+
+impl ConsumerSql {
+    pub(crate) fn new(schema: &SchemaName) -> ConsumerSql {
+        let s = schema.quoted();
+        ConsumerSql {
+            inbox_one: format!(
+                "INSERT INTO {s}.outbox_processed_events (consumer_name, event_id) VALUES ($1, $2)
+                 ON CONFLICT DO NOTHING"
+            ),
+            inbox_many: format!(
+                "INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
+                 SELECT $1, id FROM unnest($2::uuid[]) AS t(id)
+                 ON CONFLICT DO NOTHING RETURNING event_id"
+            ),
+            // RejectStale: one statement locks the position row and moves
+            // it forward only when the message is newer; no row back means
+            // stale.
+            advance_if_newer: format!(
+                "INSERT INTO {s}.outbox_consumer_positions AS p
+                    (consumer_name, aggregate_type, aggregate_id, version)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+                 DO UPDATE SET version = EXCLUDED.version, updated_at = now()
+                 WHERE p.version < EXCLUDED.version
+                 RETURNING p.version"
+            ),
+            // Strict: lock the position row (creating it at 0) and read it.
+            lock_position: format!(
+                "INSERT INTO {s}.outbox_consumer_positions AS p
+                    (consumer_name, aggregate_type, aggregate_id, version)
+                 VALUES ($1, $2, $3, 0)
+                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+                 DO UPDATE SET version = p.version
+                 RETURNING p.version"
+            ),
+            set_position: format!(
+                "UPDATE {s}.outbox_consumer_positions SET version = $4, updated_at = now()
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3"
+            ),
+            park: format!(
+                "INSERT INTO {s}.outbox_consumer_parked
+                    (consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, envelope)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT DO NOTHING"
+            ),
+            next_parked: format!(
+                "SELECT envelope, attempts FROM {s}.outbox_consumer_parked
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                   AND aggregate_version = $4
+                 ORDER BY parked_at LIMIT 1"
+            ),
+            unpark: format!(
+                "DELETE FROM {s}.outbox_consumer_parked WHERE consumer_name = $1 AND event_id = $2"
+            ),
+            parked_failed: format!(
+                "UPDATE {s}.outbox_consumer_parked SET attempts = attempts + 1, last_error = $3
+                 WHERE consumer_name = $1 AND event_id = $2 RETURNING attempts"
+            ),
+            // Aggregates whose next version is parked (a crash between a
+            // commit and the drain that follows it leaves these).
+            ready_parked: format!(
+                "SELECT DISTINCT k.aggregate_type, k.aggregate_id
+                 FROM {s}.outbox_consumer_parked k
+                 LEFT JOIN {s}.outbox_consumer_positions p
+                   ON p.consumer_name = k.consumer_name AND p.aggregate_type = k.aggregate_type
+                  AND p.aggregate_id = k.aggregate_id
+                 WHERE k.consumer_name = $1 AND k.aggregate_version = coalesce(p.version, 0) + 1
+                 LIMIT 1000"
+            ),
+            // Aggregates that have waited too long for a missing version,
+            // with the version they wait for.
+            expired_parked: format!(
+                "SELECT k.aggregate_type, k.aggregate_id, coalesce(max(p.version), 0) AS position,
+                        min(k.aggregate_version) AS first_parked
+                 FROM {s}.outbox_consumer_parked k
+                 LEFT JOIN {s}.outbox_consumer_positions p
+                   ON p.consumer_name = k.consumer_name AND p.aggregate_type = k.aggregate_type
+                  AND p.aggregate_id = k.aggregate_id
+                 WHERE k.consumer_name = $1
+                 GROUP BY k.aggregate_type, k.aggregate_id
+                 HAVING min(k.parked_at) < now() - make_interval(secs => $2)
+                 LIMIT 1000"
+            ),
+            dead_letter_parked: format!(
+                "WITH gone AS (
+                    DELETE FROM {s}.outbox_consumer_parked
+                    WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                    RETURNING *
+                 )
+                 INSERT INTO {s}.outbox_dead_letters
+                    (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
+                     aggregate_id, aggregate_version, headers, payload, reason, attempts)
+                 SELECT $1, 'dead_lettered', event_id, envelope->>'event_type',
+                        (envelope->>'schema_version')::int, aggregate_type, aggregate_id,
+                        aggregate_version, '{{}}'::jsonb,
+                        convert_to((envelope->'payload')::text, 'UTF8'), $4, attempts
+                 FROM gone ORDER BY aggregate_version"
+            ),
+            letter: format!(
+                "INSERT INTO {s}.outbox_dead_letters
+                    (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
+                     aggregate_id, aggregate_version, headers, payload, reason, attempts)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+            ),
+        }
+    }
+
+    /// Records `event_id` as processed by `consumer`; false when it already was.
+    pub(crate) async fn claim_one(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<bool> {
+        let done = sqlx::query(AssertSqlSafe(self.inbox_one.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records many event ids in one statement; returns those that were new.
+    pub(crate) async fn claim_many(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_ids: &[Uuid],
+    ) -> sqlx::Result<Vec<Uuid>> {
+        sqlx::query_scalar(AssertSqlSafe(self.inbox_many.as_str()))
+            .bind(consumer)
+            .bind(event_ids)
+            .fetch_all(conn)
+            .await
+    }
+
+    /// RejectStale: moves the position to `version` when it is newer;
+    /// false when the message is stale.
+    pub(crate) async fn advance_if_newer(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<bool> {
+        let row = sqlx::query(AssertSqlSafe(self.advance_if_newer.as_str()))
+            .bind(consumer)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// Strict: locks the aggregate's position and returns it (0 = none yet).
+    pub(crate) async fn lock_position(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> sqlx::Result<i64> {
+        sqlx::query_scalar(AssertSqlSafe(self.lock_position.as_str()))
+            .bind(consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .fetch_one(conn)
+            .await
+    }
+
+    /// Strict: sets the locked position.
+    pub(crate) async fn set_position(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.set_position.as_str()))
+            .bind(consumer)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Strict: keeps a message that came ahead of a gap.
+    pub(crate) async fn park(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<()> {
+        let json = serde_json::to_value(envelope).map_err(|e| sqlx::Error::Encode(e.into()))?;
+        sqlx::query(AssertSqlSafe(self.park.as_str()))
+            .bind(consumer)
+            .bind(envelope.id)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .bind(json)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Strict: the parked message with `version` of an aggregate, if any.
+    pub(crate) async fn next_parked(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        version: i64,
+    ) -> sqlx::Result<Option<Result<ParkedMessage, serde_json::Error>>> {
+        let row = sqlx::query(AssertSqlSafe(self.next_parked.as_str()))
+            .bind(consumer)
+            .bind(aggregate.0)
+            .bind(aggregate.1)
+            .bind(version)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|row| {
+            let json: serde_json::Value = row.get("envelope");
+            let attempts: i32 = row.get("attempts");
+            serde_json::from_value(json).map(|envelope| ParkedMessage {
+                envelope,
+                attempts: attempts.max(0) as u32,
+            })
+        }))
+    }
+
+    /// Strict: removes a parked message once handled.
+    pub(crate) async fn unpark(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.unpark.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Strict: counts a failed attempt on a parked message; returns the
+    /// attempts so far.
+    pub(crate) async fn parked_failed(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+        error: &str,
+    ) -> sqlx::Result<u32> {
+        let attempts: Option<i32> = sqlx::query_scalar(AssertSqlSafe(self.parked_failed.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .bind(error)
+            .fetch_optional(conn)
+            .await?;
+        Ok(attempts.unwrap_or(0).max(0) as u32)
+    }
+
+    /// Strict: aggregates whose next version waits in the parked table.
+    pub(crate) async fn ready_parked(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+    ) -> sqlx::Result<Vec<(String, String)>> {
+        let rows = sqlx::query(AssertSqlSafe(self.ready_parked.as_str()))
+            .bind(consumer)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| (row.get("aggregate_type"), row.get("aggregate_id")))
+            .collect())
+    }
+
+    /// Strict: aggregates parked longer than `timeout_secs`, with their
+    /// position and first parked version.
+    pub(crate) async fn expired_parked(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        timeout_secs: f64,
+    ) -> sqlx::Result<Vec<(String, String, i64, i64)>> {
+        let rows = sqlx::query(AssertSqlSafe(self.expired_parked.as_str()))
+            .bind(consumer)
+            .bind(timeout_secs)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                (
+                    row.get("aggregate_type"),
+                    row.get("aggregate_id"),
+                    row.get("position"),
+                    row.get("first_parked"),
+                )
+            })
+            .collect())
+    }
+
+    /// Strict: moves every parked message of an aggregate to the dead
+    /// letters with `reason`; returns how many.
+    pub(crate) async fn dead_letter_parked(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        reason: &str,
+    ) -> sqlx::Result<u64> {
+        let done = sqlx::query(AssertSqlSafe(self.dead_letter_parked.as_str()))
+            .bind(consumer)
+            .bind(aggregate.0)
+            .bind(aggregate.1)
+            .bind(reason)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Writes a quarantine or dead-letter row.
+    pub(crate) async fn letter(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        letter: &Letter<'_>,
+    ) -> sqlx::Result<()> {
+        let envelope = letter.envelope;
+        sqlx::query(AssertSqlSafe(self.letter.as_str()))
+            .bind(consumer)
+            .bind(letter.kind.as_str())
+            .bind(envelope.map(|e| e.id))
+            .bind(envelope.map(|e| e.event_type.as_str()))
+            .bind(envelope.map(|e| e.schema_version as i32))
+            .bind(envelope.map(|e| e.aggregate_type.as_str()))
+            .bind(envelope.map(|e| e.aggregate_id.as_str()))
+            .bind(envelope.map(|e| e.aggregate_version))
+            .bind(&letter.headers)
+            .bind(letter.payload)
+            .bind(letter.reason)
+            .bind(letter.attempts.min(i32::MAX as u32) as i32)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! Consumer test support: an effects table that records every handler run
+//! (no unique key, so a double application shows as two rows), handlers
+//! that write to it, and envelopes built by hand.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::consumer::{HandlerError, Received};
+use outbox_core::{Envelope, OutboxEvent};
+use sqlx::{AssertSqlSafe, PgConnection, Row};
+
+use crate::TestDb;
+use crate::events::Ticked;
+
+/// Creates `<schema>.effects (event_id, aggregate_id, aggregate_version,
+/// value, idempotency_key, traceparent, seq)`.
+pub async fn create_effects(db: &TestDb) {
+    db.execute(
+        "CREATE TABLE {s}.effects (
+            seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            consumer text NOT NULL,
+            event_id uuid NOT NULL,
+            aggregate_id text NOT NULL,
+            aggregate_version bigint NOT NULL,
+            value jsonb NOT NULL,
+            idempotency_key uuid NOT NULL,
+            traceparent text
+        )",
+    )
+    .await;
+}
+
+/// Records one handler run in the effects table of `table` (`schema.effects`).
+pub async fn record_effect<E: OutboxEvent>(
+    table: &str,
+    received: &Received<E>,
+    tx: &mut PgConnection,
+) -> Result<(), HandlerError> {
+    let value = serde_json::to_value(&received.event).map_err(HandlerError::permanent)?;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (consumer, event_id, aggregate_id, aggregate_version, value, idempotency_key, traceparent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)"
+    )))
+    .bind(&*received.meta.consumer)
+    .bind(received.meta.event_id)
+    .bind(&received.meta.aggregate_id)
+    .bind(received.meta.aggregate_version)
+    .bind(value)
+    .bind(received.meta.idempotency_key())
+    .bind(&received.meta.traceparent)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// One row of the effects table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effect {
+    /// The event.
+    pub event_id: uuid::Uuid,
+    /// Its aggregate.
+    pub aggregate_id: String,
+    /// Its version.
+    pub aggregate_version: i64,
+    /// The value the handler saw.
+    pub value: serde_json::Value,
+    /// The idempotency key the handler saw.
+    pub idempotency_key: uuid::Uuid,
+    /// The trace context the handler saw.
+    pub traceparent: Option<String>,
+}
+
+/// The effects of `consumer`, in the order they were committed.
+pub async fn effects(db: &TestDb, consumer: &str) -> Vec<Effect> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT event_id, aggregate_id, aggregate_version, value, idempotency_key, traceparent
+         FROM {} WHERE consumer = $1 ORDER BY seq",
+        db.table("effects")
+    )))
+    .bind(consumer)
+    .fetch_all(&db.pool)
+    .await
+    .expect("read effects");
+    rows.into_iter()
+        .map(|row| Effect {
+            event_id: row.get("event_id"),
+            aggregate_id: row.get("aggregate_id"),
+            aggregate_version: row.get("aggregate_version"),
+            value: row.get("value"),
+            idempotency_key: row.get("idempotency_key"),
+            traceparent: row.get("traceparent"),
+        })
+        .collect()
+}
+
+/// A dead-letter or quarantine row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Letter {
+    /// `quarantined` or `dead_lettered`.
+    pub kind: String,
+    /// The event id, when the message had a readable one.
+    pub event_id: Option<uuid::Uuid>,
+    /// The event type, when readable.
+    pub event_type: Option<String>,
+    /// The aggregate id, when readable.
+    pub aggregate_id: Option<String>,
+    /// The version, when readable.
+    pub aggregate_version: Option<i64>,
+    /// The raw payload.
+    pub payload: Vec<u8>,
+    /// The headers.
+    pub headers: serde_json::Value,
+    /// Why.
+    pub reason: String,
+    /// Deliveries so far.
+    pub attempts: i32,
+}
+
+/// The dead letters and quarantine rows of `consumer`, oldest first.
+pub async fn letters(db: &TestDb, consumer: &str) -> Vec<Letter> {
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "SELECT kind, event_id, event_type, aggregate_id, aggregate_version, payload, headers, reason, attempts
+         FROM {} WHERE consumer_name = $1 ORDER BY id",
+        db.table("outbox_dead_letters")
+    )))
+    .bind(consumer)
+    .fetch_all(&db.pool)
+    .await
+    .expect("read dead letters");
+    rows.into_iter()
+        .map(|row| Letter {
+            kind: row.get("kind"),
+            event_id: row.get("event_id"),
+            event_type: row.get("event_type"),
+            aggregate_id: row.get("aggregate_id"),
+            aggregate_version: row.get("aggregate_version"),
+            payload: row.get("payload"),
+            headers: row.get("headers"),
+            reason: row.get("reason"),
+            attempts: row.get("attempts"),
+        })
+        .collect()
+}
+
+/// The envelope of tick `version` of counter `counter`, at aggregate
+/// version `version`.
+pub fn tick(counter: &str, version: i64) -> Envelope {
+    Envelope::for_event(&Ticked::new(counter, version as u64), version).expect("serializable")
+}
+
+/// A handler closure for `Ticked` that records its effect, optionally
+/// sleeping inside the transaction first (to widen race windows), and
+/// failing for the counters in `failing`.
+pub fn tick_handler(
+    table: String,
+    hold: Duration,
+    failing: Arc<Vec<String>>,
+) -> impl for<'a> Fn(
+    Received<Ticked>,
+    &'a mut PgConnection,
+) -> futures_util::future::BoxFuture<'a, Result<(), HandlerError>>
++ Send
++ Sync
++ 'static {
+    move |received, tx| {
+        let table = table.clone();
+        let failing = Arc::clone(&failing);
+        Box::pin(async move {
+            if failing.contains(&received.event.counter) {
+                return Err(HandlerError::retryable(format!(
+                    "downstream refuses counter {}",
+                    received.event.counter
+                )));
+            }
+            record_effect(&table, &received, tx).await?;
+            if !hold.is_zero() {
+                tokio::time::sleep(hold).await;
+            }
+            Ok(())
+        })
+    }
+}

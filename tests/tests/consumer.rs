@@ -1,0 +1,679 @@
+//! Consumers against real PostgreSQL, fed directly or through the
+//! in-memory source: the inbox under a real race (article test 4), each
+//! ordering policy with versions out of order (article test 5), unreadable
+//! messages quarantined with a reason and a metric (article test 6, in
+//! process; `consumer_nats.rs` does it over JetStream), retries and dead
+//! letters for a failing aggregate while others go on, batch mode, the
+//! build-time checks and the idempotency key.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::consumer::{
+    BuildError, Consumer, ConsumerBuilder, ConsumerConfig, Incoming, Ordering, Outcome,
+    RetryPolicy, channel, idempotency_key,
+};
+use outbox_core::metrics as m;
+use outbox_core::relay::Backoff;
+use outbox_core::{Envelope, OutboxEvent, ce};
+use outbox_tests::consumers::{create_effects, effects, letters, tick, tick_handler};
+use outbox_tests::events::Ticked;
+use outbox_tests::{TestDb, metrics, wait};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+async fn setup() -> TestDb {
+    metrics::install();
+    let db = TestDb::new().await;
+    create_effects(&db).await;
+    db
+}
+
+fn fast_retry(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        handler_timeout: Duration::from_secs(10),
+    }
+}
+
+fn tick_consumer(
+    db: &TestDb,
+    name: &str,
+    config: ConsumerConfig,
+    hold: Duration,
+    failing: &[&str],
+) -> Consumer {
+    let failing = Arc::new(failing.iter().map(|s| s.to_string()).collect());
+    ConsumerBuilder::new(name)
+        .config(config)
+        .on_fn::<Ticked, _>(tick_handler(db.table("effects"), hold, failing))
+        .build(db.pool.clone(), db.schema.clone())
+        .expect("consumer builds")
+}
+
+fn versions(effects: &[outbox_tests::consumers::Effect]) -> Vec<i64> {
+    effects.iter().map(|e| e.aggregate_version).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn article_4_the_same_event_at_two_instances_at_once_takes_effect_once() {
+    let db = setup().await;
+    let name = "article4";
+    // Two instances: separate consumers (own handler state) on the same
+    // pool, so two connections. The handler holds its transaction open for
+    // a while, so the second instance's inbox insert meets an uncommitted
+    // row and must wait for the first to commit.
+    let first = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig::default(),
+        Duration::from_millis(300),
+        &[],
+    );
+    let second = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig::default(),
+        Duration::from_millis(300),
+        &[],
+    );
+    let event = tick("c1", 1);
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let run = |consumer: Consumer, barrier: Arc<tokio::sync::Barrier>, event: Envelope| {
+        tokio::spawn(async move {
+            barrier.wait().await;
+            consumer
+                .handle_envelope(&event)
+                .await
+                .expect("database reachable")
+        })
+    };
+    let a = run(first, Arc::clone(&barrier), event.clone());
+    let b = run(second, Arc::clone(&barrier), event.clone());
+    let mut outcomes = vec![a.await.unwrap(), b.await.unwrap()];
+    outcomes.sort_by_key(|o| o.label());
+    assert_eq!(outcomes, vec![Outcome::Applied, Outcome::Duplicate]);
+    assert_eq!(
+        effects(&db, name).await.len(),
+        1,
+        "the business effect happened once"
+    );
+    assert_eq!(
+        metrics::counter(m::CONSUMER_DUPLICATES, &[("consumer", name)]),
+        1,
+        "the duplicate was counted"
+    );
+    let inbox: i64 = db
+        .scalar("SELECT count(*) FROM {s}.outbox_processed_events WHERE consumer_name = 'article4'")
+        .await;
+    assert_eq!(inbox, 1);
+    db.drop_schema().await;
+}
+
+/// Feeds `versions` of counter `c1` (each a distinct event) to a consumer
+/// with `ordering` and returns the outcomes and the applied versions.
+async fn feed(
+    db: &TestDb,
+    name: &str,
+    ordering: Ordering,
+    versions_in: &[i64],
+) -> (Vec<Outcome>, Vec<i64>) {
+    let consumer = tick_consumer(
+        db,
+        name,
+        ConsumerConfig {
+            ordering,
+            ..ConsumerConfig::default()
+        },
+        Duration::ZERO,
+        &[],
+    );
+    let mut outcomes = Vec::new();
+    for version in versions_in {
+        outcomes.push(
+            consumer
+                .handle_envelope(&tick("c1", *version))
+                .await
+                .unwrap(),
+        );
+    }
+    (outcomes, versions(&effects(db, name).await))
+}
+
+const STRICT: Ordering = Ordering::Strict {
+    park_timeout: Duration::from_secs(60),
+};
+
+#[tokio::test]
+async fn article_5_versions_1_3_2_under_each_policy() {
+    let db = setup().await;
+    let (outcomes, applied) = feed(&db, "v132-unordered", Ordering::Unordered, &[1, 3, 2]).await;
+    assert_eq!(outcomes, vec![Outcome::Applied; 3]);
+    assert_eq!(applied, vec![1, 3, 2], "unordered applies in arrival order");
+
+    let (outcomes, applied) = feed(&db, "v132-stale", Ordering::RejectStale, &[1, 3, 2]).await;
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Stale { position: None }
+        ]
+    );
+    assert_eq!(applied, vec![1, 3], "2 arrived after 3: rejected as stale");
+    assert_eq!(
+        metrics::counter(
+            m::CONSUMER_MESSAGES,
+            &[("consumer", "v132-stale"), ("outcome", "stale")]
+        ),
+        1
+    );
+
+    let (outcomes, applied) = feed(&db, "v132-strict", STRICT, &[1, 3, 2]).await;
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Parked { waiting_for: 2 },
+            Outcome::Applied
+        ]
+    );
+    assert_eq!(
+        applied,
+        vec![1, 2, 3],
+        "3 waited for 2, then both applied in order"
+    );
+    let parked: i64 = db
+        .scalar("SELECT count(*) FROM {s}.outbox_consumer_parked")
+        .await;
+    assert_eq!(parked, 0, "the parked message was drained");
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn article_5_versions_1_2_2_1_under_each_policy() {
+    let db = setup().await;
+    // Each is a distinct event (new id): a producer that emitted versions
+    // twice, or a replay. (The same event id twice is a duplicate for the
+    // inbox under every policy: see article test 4.)
+    let (outcomes, applied) =
+        feed(&db, "v1221-unordered", Ordering::Unordered, &[1, 2, 2, 1]).await;
+    assert_eq!(outcomes, vec![Outcome::Applied; 4]);
+    assert_eq!(applied, vec![1, 2, 2, 1]);
+
+    let (outcomes, applied) = feed(&db, "v1221-stale", Ordering::RejectStale, &[1, 2, 2, 1]).await;
+    let stale = Outcome::Stale { position: None };
+    assert_eq!(
+        outcomes,
+        vec![Outcome::Applied, Outcome::Applied, stale.clone(), stale]
+    );
+    assert_eq!(applied, vec![1, 2]);
+
+    let (outcomes, applied) = feed(&db, "v1221-strict", STRICT, &[1, 2, 2, 1]).await;
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Stale { position: Some(2) },
+            Outcome::Stale { position: Some(2) }
+        ]
+    );
+    assert_eq!(applied, vec![1, 2]);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn strict_gap_that_never_closes_ends_in_dead_letters_with_the_missing_version() {
+    let db = setup().await;
+    let name = "strict-timeout";
+    let consumer = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig {
+            ordering: Ordering::Strict {
+                park_timeout: Duration::from_millis(200),
+            },
+            ..ConsumerConfig::default()
+        },
+        Duration::ZERO,
+        &[],
+    );
+    assert_eq!(
+        consumer.handle_envelope(&tick("c1", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(
+        consumer.handle_envelope(&tick("c1", 3)).await.unwrap(),
+        Outcome::Parked { waiting_for: 2 }
+    );
+    assert_eq!(
+        consumer.handle_envelope(&tick("c1", 4)).await.unwrap(),
+        Outcome::Parked { waiting_for: 2 }
+    );
+    // Another aggregate is not held up.
+    assert_eq!(
+        consumer.handle_envelope(&tick("c2", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    let early = consumer.sweep().await.unwrap();
+    assert_eq!(early.dead_lettered, 0, "nothing expires before the timeout");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = consumer.sweep().await.unwrap();
+    assert_eq!(report.dead_lettered, 2);
+    let letters = letters(&db, name).await;
+    assert_eq!(letters.len(), 2);
+    for letter in &letters {
+        assert_eq!(letter.kind, "dead_lettered");
+        assert!(
+            letter
+                .reason
+                .contains("version 2 of counter/c1 did not arrive"),
+            "{}",
+            letter.reason
+        );
+    }
+    assert_eq!(
+        letters
+            .iter()
+            .map(|l| l.aggregate_version.unwrap())
+            .collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    let payload: serde_json::Value = serde_json::from_slice(&letters[0].payload).unwrap();
+    assert_eq!(payload["tick"], 3, "the dead letter keeps the payload");
+    assert_eq!(versions(&effects(&db, name).await), vec![1, 1]);
+    db.drop_schema().await;
+}
+
+fn raw(attributes: &[(&str, &str)], payload: &str) -> Incoming {
+    Incoming::new(
+        attributes
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        payload.as_bytes().to_vec(),
+        1,
+    )
+}
+
+/// The attributes of a valid tick message, with `overrides` applied.
+fn tick_attributes(overrides: &[(&'static str, &'static str)]) -> Vec<(&'static str, String)> {
+    let envelope = tick("c9", 1);
+    envelope
+        .cloudevents_attributes("/test")
+        .into_iter()
+        .map(|(name, value)| {
+            let value = overrides
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+                .unwrap_or(value);
+            (name, value)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn article_6_unreadable_messages_are_quarantined_with_a_reason_and_the_next_is_processed() {
+    let db = setup().await;
+    let name = "article6";
+    let consumer = tick_consumer(&db, name, ConsumerConfig::default(), Duration::ZERO, &[]);
+    let valid_payload = tick("c9", 1).payload.get().to_owned();
+    // (attributes, payload, what the reason must say)
+    type Case = (Vec<(&'static str, String)>, String, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            tick_attributes(&[(ce::SCHEMAVERSION, "9")]),
+            valid_payload.clone(),
+            "schema version 9 is newer",
+        ),
+        (
+            tick_attributes(&[(ce::SCHEMAVERSION, "two")]),
+            valid_payload.clone(),
+            "invalid CloudEvents attribute `schemaversion`",
+        ),
+        (
+            tick_attributes(&[(ce::TYPE, "counter.exploded")]),
+            valid_payload.clone(),
+            "unknown event type \"counter.exploded\"",
+        ),
+        (
+            tick_attributes(&[]),
+            r#"{"counter": "c9", "tick": "many"}"#.to_owned(),
+            "payload does not match",
+        ),
+        (tick_attributes(&[]), "not json".to_owned(), "not JSON"),
+    ];
+    for (attributes, payload, expected) in &cases {
+        let attributes: Vec<(&str, &str)> =
+            attributes.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let outcome = consumer.handle(&raw(&attributes, payload)).await.unwrap();
+        match outcome {
+            Outcome::Quarantined { reason } => {
+                assert!(reason.contains(expected), "{reason} lacks {expected}")
+            }
+            other => panic!("expected quarantine ({expected}), got {other:?}"),
+        }
+    }
+    // The next valid message is processed.
+    assert_eq!(
+        consumer.handle_envelope(&tick("c9", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    let letters = letters(&db, name).await;
+    assert_eq!(letters.len(), cases.len());
+    assert!(letters.iter().all(|l| l.kind == "quarantined"));
+    assert_eq!(letters[0].headers["schemaversion"], "9", "headers are kept");
+    assert_eq!(letters[4].payload, b"not json", "the raw bytes are kept");
+    assert_eq!(
+        metrics::counter(m::CONSUMER_QUARANTINED, &[("consumer", name)]),
+        cases.len() as u64
+    );
+    assert_eq!(versions(&effects(&db, name).await), vec![1]);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_failing_aggregate_ends_in_dead_letters_while_the_others_go_on() {
+    let db = setup().await;
+    let name = "poison";
+    let consumer = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig {
+            retry: fast_retry(3),
+            ..ConsumerConfig::default()
+        },
+        Duration::ZERO,
+        &["bad"],
+    );
+    let (sender, source) = channel();
+    let stats = source.stats();
+    let task = consumer.spawn(source);
+    let bad = tick("bad", 1);
+    sender.send(&bad).unwrap();
+    for counter in 0..20 {
+        sender.send(&tick(&format!("good{counter}"), 1)).unwrap();
+    }
+    wait::until(
+        "20 good events applied and 1 dead letter",
+        Duration::from_secs(20),
+        || async { effects(&db, name).await.len() == 20 && letters(&db, name).await.len() == 1 },
+    )
+    .await;
+    let letter = &letters(&db, name).await[0];
+    assert_eq!(letter.kind, "dead_lettered");
+    assert_eq!(letter.aggregate_id.as_deref(), Some("bad"));
+    assert_eq!(letter.attempts, 3);
+    assert!(
+        letter.reason.contains("handler failed on 3 deliveries")
+            && letter.reason.contains("downstream refuses counter bad"),
+        "{}",
+        letter.reason
+    );
+    assert_eq!(stats.retried(), 2, "two redeliveries, then the dead letter");
+    assert_eq!(stats.acked(), 21);
+    assert_eq!(
+        metrics::counter(m::CONSUMER_DEAD_LETTERED, &[("consumer", name)]),
+        1
+    );
+    // A redelivery of the dead-lettered message is a duplicate now.
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&bad, 4))
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
+    task.drain(Duration::from_secs(5)).await.unwrap();
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_panicking_or_hanging_handler_is_a_failed_attempt_not_a_dead_consumer() {
+    let db = setup().await;
+    let consumer = ConsumerBuilder::new("panics")
+        .retry(RetryPolicy {
+            handler_timeout: Duration::from_millis(200),
+            ..fast_retry(2)
+        })
+        .on_fn::<Ticked, _>(|received, _tx| {
+            Box::pin(async move {
+                if received.event.counter == "hang" {
+                    std::future::pending::<()>().await;
+                }
+                panic!("handler bug on {}", received.event.counter)
+            })
+        })
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let boom = tick("boom", 1);
+    match consumer
+        .handle(&Incoming::from_envelope(&boom, 1))
+        .await
+        .unwrap()
+    {
+        Outcome::Retry { error, .. } => assert!(
+            error.contains("handler panicked: handler bug on boom"),
+            "{error}"
+        ),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    match consumer
+        .handle(&Incoming::from_envelope(&boom, 2))
+        .await
+        .unwrap()
+    {
+        Outcome::DeadLettered { reason } => {
+            assert!(reason.contains("failed on 2 deliveries"), "{reason}")
+        }
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+    match consumer.handle_envelope(&tick("hang", 1)).await.unwrap() {
+        Outcome::Retry { error, .. } => assert!(error.contains("timed out after 200ms"), "{error}"),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn batch_mode_gives_each_message_the_outcome_it_would_have_alone() {
+    let db = setup().await;
+    let name = "batch";
+    let consumer = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig {
+            batch_size: 10,
+            ordering: Ordering::RejectStale,
+            retry: fast_retry(5),
+            ..ConsumerConfig::default()
+        },
+        Duration::ZERO,
+        &["bad"],
+    );
+    let a1 = tick("a", 1);
+    let a2 = tick("a", 2);
+    let b1 = tick("b", 1);
+    let already = tick("c", 1);
+    assert_eq!(
+        consumer.handle_envelope(&already).await.unwrap(),
+        Outcome::Applied
+    );
+    let clean = [
+        Incoming::from_envelope(&a1, 1),
+        Incoming::from_envelope(&b1, 1),
+        Incoming::from_envelope(&a1, 1),
+        Incoming::from_envelope(&already, 2),
+        Incoming::from_envelope(&a2, 1),
+        Incoming::from_envelope(&tick("a", 1), 1),
+        raw(&[("id", "x")], "{}"),
+    ];
+    let outcomes = consumer.handle_batch(&clean).await.unwrap();
+    assert_eq!(
+        &outcomes[..6],
+        &[
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Duplicate,
+            Outcome::Duplicate,
+            Outcome::Applied,
+            Outcome::Stale { position: None },
+        ]
+    );
+    assert!(matches!(outcomes[6], Outcome::Quarantined { .. }));
+    // A failing handler in a batch: the batch rolls back and every message
+    // gets its own transaction.
+    let d1 = tick("d", 1);
+    let failing = [
+        Incoming::from_envelope(&d1, 1),
+        Incoming::from_envelope(&tick("bad", 1), 1),
+        Incoming::from_envelope(&tick("e", 1), 1),
+    ];
+    let outcomes = consumer.handle_batch(&failing).await.unwrap();
+    assert_eq!(outcomes[0], Outcome::Applied);
+    assert!(
+        matches!(outcomes[1], Outcome::Retry { .. }),
+        "{:?}",
+        outcomes[1]
+    );
+    assert_eq!(outcomes[2], Outcome::Applied);
+    let applied: Vec<(String, i64)> = effects(&db, name)
+        .await
+        .into_iter()
+        .map(|e| (e.aggregate_id, e.aggregate_version))
+        .collect();
+    let expected: Vec<(String, i64)> = [("c", 1), ("a", 1), ("b", 1), ("a", 2), ("d", 1), ("e", 1)]
+        .into_iter()
+        .map(|(a, v)| (a.to_owned(), v))
+        .collect();
+    assert_eq!(
+        applied, expected,
+        "each effect once, none from the rolled-back batch"
+    );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn strict_batches_drain_parked_successors_after_the_commit() {
+    let db = setup().await;
+    let name = "batch-strict";
+    let consumer = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig {
+            batch_size: 10,
+            ordering: STRICT,
+            ..ConsumerConfig::default()
+        },
+        Duration::ZERO,
+        &[],
+    );
+    let batch: Vec<Incoming> = [3, 1, 4, 2]
+        .iter()
+        .map(|v| Incoming::from_envelope(&tick("s", *v), 1))
+        .collect();
+    let outcomes = consumer.handle_batch(&batch).await.unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Parked { waiting_for: 1 },
+            Outcome::Applied,
+            Outcome::Parked { waiting_for: 2 },
+            Outcome::Applied
+        ]
+    );
+    assert_eq!(versions(&effects(&db, name).await), vec![1, 2, 3, 4]);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn handlers_get_a_stable_idempotency_key_per_consumer_and_event() {
+    let db = setup().await;
+    let event = tick("k", 1);
+    for name in ["keys-a", "keys-b"] {
+        let consumer = tick_consumer(&db, name, ConsumerConfig::default(), Duration::ZERO, &[]);
+        consumer.handle_envelope(&event).await.unwrap();
+        let seen = effects(&db, name).await;
+        assert_eq!(seen[0].idempotency_key, idempotency_key(name, event.id));
+    }
+    let a = effects(&db, "keys-a").await[0].idempotency_key;
+    let b = effects(&db, "keys-b").await[0].idempotency_key;
+    assert_ne!(a, b, "each consumer has its own key for one event");
+    db.drop_schema().await;
+}
+
+/// An old version whose successor cannot read it (no upcaster).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "legacy.noted", aggregate = "legacy", version = 1)]
+struct LegacyNotedV1 {
+    #[outbox(aggregate_id)]
+    id: String,
+}
+
+/// v2 without an upcaster from v1.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "legacy.noted", aggregate = "legacy", version = 2)]
+struct LegacyNoted {
+    #[outbox(aggregate_id)]
+    id: String,
+    note: String,
+}
+
+#[tokio::test]
+async fn build_reports_every_registration_problem_at_once() {
+    let db = setup().await;
+    let errors = ConsumerBuilder::new("bad name")
+        .on_fn::<LegacyNoted, _>(|_, _| Box::pin(async { Ok(()) }))
+        .on_fn::<LegacyNotedV1, _>(|_, _| Box::pin(async { Ok(()) }))
+        .batch_size(0)
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap_err();
+    let text = errors.to_string();
+    assert_eq!(errors.0.len(), 5, "{text}");
+    assert!(
+        matches!(errors.0[0], BuildError::Config(_)) && text.contains("consumer name"),
+        "{text}"
+    );
+    assert!(text.contains("batch_size"), "{text}");
+    assert!(
+        errors
+            .0
+            .iter()
+            .any(|e| matches!(e, BuildError::Unreachable { version: 1, .. })),
+        "{text}"
+    );
+    assert!(
+        errors.0.iter().any(|e| matches!(
+            e,
+            BuildError::NotNewest {
+                handler_version: 1,
+                newest: 2,
+                ..
+            }
+        )),
+        "{text}"
+    );
+    assert!(
+        errors.0.iter().any(|e| matches!(
+            e,
+            BuildError::DuplicateHandler {
+                event_type: "legacy.noted",
+                ..
+            }
+        )),
+        "{text}"
+    );
+    let empty = ConsumerBuilder::new("empty")
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap_err();
+    assert!(matches!(empty.0[0], BuildError::NoHandlers { .. }));
+    db.drop_schema().await;
+}
