@@ -4,3 +4,5 @@
 //! repository root.
 
 pub mod contracts;
+pub mod orders;
+pub mod projections;

@@ -1,0 +1,276 @@
+//! The example order service, end to end on real PostgreSQL and NATS
+//! JetStream: commands write orders and emit events in one transaction; a
+//! relay publishes them; two consumers (billing, order status) apply them
+//! once each. Checks the result and exits non-zero when anything is off.
+//!
+//! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`)
+//! and `NATS_URL` (default `nats://127.0.0.1:4222`). Uses the schema
+//! `outbox_demo` and the stream `OUTBOX_DEMO`, both recreated on each run.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use outbox_core::consumer::ConsumerTask;
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::store::{SchemaName, migrate};
+use outbox_core::trace::{self, TraceParent};
+use outbox_core::transport::nats::{
+    JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport,
+};
+use outbox_core::{Envelope, Outbox};
+use outbox_examples::contracts::{CancelReason, Money, OrderLine};
+use outbox_examples::orders::{OrderService, Placed};
+use outbox_examples::projections;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+
+const ORDERS: usize = 300;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let database_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&database_url)
+        .await
+        .with_context(|| format!("PostgreSQL at {database_url}"))?;
+    let schema = SchemaName::new("outbox_demo")?;
+    sqlx::query(AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {} CASCADE",
+        schema.quoted()
+    )))
+    .execute(&pool)
+    .await?;
+    migrate(&pool, &schema).await?;
+    let outbox = Outbox::new(schema.clone());
+    let service = OrderService::new(pool.clone(), outbox.clone());
+    service.create_tables().await?;
+    sqlx::raw_sql(AssertSqlSafe(projections::create_tables_sql(
+        &schema.quoted(),
+    )))
+    .execute(&pool)
+    .await?;
+
+    let nats = NatsConfig {
+        url: nats_url.clone(),
+        stream: "OUTBOX_DEMO".into(),
+        subject_template: "demo.{aggregate_type}.{event_type}".into(),
+        ..NatsConfig::default()
+    };
+    reset_stream(&nats_url, &nats.stream).await?;
+    let relay = Relay::start_postgres(
+        pool.clone(),
+        schema.clone(),
+        NatsTransport::connect(nats.clone()).await?,
+        RelayConfig::default(),
+    )
+    .await?;
+    let mut consumers: Vec<ConsumerTask> = Vec::new();
+    for builder in [
+        projections::billing(&schema.quoted()),
+        projections::order_status(&schema.quoted()),
+    ] {
+        let consumer = builder.build(pool.clone(), schema.clone())?;
+        let source = JetStreamSource::connect(JetStreamSourceConfig::for_consumer(
+            &consumer,
+            nats.clone(),
+        )?)
+        .await?;
+        consumers.push(consumer.spawn(source));
+    }
+    println!(
+        "order service: schema {}, stream {}",
+        schema.as_str(),
+        nats.stream
+    );
+
+    // Commands. Each runs in the trace of its (simulated) HTTP request.
+    let started = Instant::now();
+    let request: TraceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse()?;
+    let mut placed = Vec::new();
+    for n in 0..ORDERS {
+        let lines = vec![OrderLine {
+            sku: format!("SKU-{}", n % 17),
+            quantity: 1 + (n % 3) as u32,
+            unit_price: Money {
+                amount_minor: 990 + n as i64,
+                currency: "EUR".into(),
+            },
+        }];
+        let command = format!("place-{n}");
+        match trace::scope(
+            Some(request),
+            service.place(&command, &format!("customer{n}@example.org"), lines),
+        )
+        .await?
+        {
+            Placed::New(order_id) => placed.push(order_id),
+            Placed::Repeated => bail!("command {command} was new"),
+        }
+    }
+    // A client retries a command: no second order, no second event.
+    let retried = service
+        .place("place-7", "customer7@example.org", Vec::new())
+        .await?;
+    ensure!(
+        retried == Placed::Repeated,
+        "a repeated command must be a no-op"
+    );
+    // An invalid order (total 0) fails the business check: rolled back, no event.
+    let invalid = service
+        .place("place-invalid", "nobody@example.org", Vec::new())
+        .await;
+    ensure!(invalid.is_err(), "an order with total 0 must fail");
+    for order_id in placed.iter().step_by(2) {
+        service.ship(*order_id, "DHL").await?;
+    }
+    for order_id in placed.iter().skip(1).step_by(10) {
+        service
+            .cancel(*order_id, CancelReason::CustomerRequest)
+            .await?;
+    }
+    let shipped = placed.len().div_ceil(2);
+    let cancelled = placed.iter().skip(1).step_by(10).count();
+    let events = ORDERS + shipped + cancelled;
+    println!(
+        "commands: {ORDERS} orders placed, {shipped} shipped, {cancelled} cancelled, 1 retried command, 1 rejected order ({events} events)"
+    );
+
+    // Wait for both consumers to catch up.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (invoices, statuses, published) = progress(&pool, &schema).await?;
+        if invoices == ORDERS as i64 && statuses == ORDERS as i64 && published == events as i64 {
+            let settled = final_statuses(&pool, &schema).await?;
+            if settled == (ORDERS - shipped - cancelled, shipped, cancelled) {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "consumers did not catch up within 60 s: {invoices} invoices, {statuses} statuses, {published} published of {events}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let elapsed = started.elapsed();
+
+    let (open, shipped_now, cancelled_now) = final_statuses(&pool, &schema).await?;
+    let scalar = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+        }
+    };
+    let s = schema.quoted();
+    let letters = scalar(format!("SELECT count(*) FROM {s}.outbox_dead_letters")).await?;
+    let traced = scalar(format!(
+        "SELECT count(*) FROM {s}.order_status WHERE trace_id = '{}'",
+        request.trace_id_hex()
+    ))
+    .await?;
+    let keys = scalar(format!(
+        "SELECT count(DISTINCT provider_key) FROM {s}.invoices"
+    ))
+    .await?;
+    ensure!(
+        letters == 0,
+        "{letters} messages in quarantine or dead letters"
+    );
+    ensure!(keys == ORDERS as i64, "one idempotency key per invoice");
+    ensure!(traced > 0, "the request's trace reached the consumer");
+    println!(
+        "consumers: billing wrote {ORDERS} invoices (one provider idempotency key each); order-status shows {open} open, {shipped_now} shipped, {cancelled_now} cancelled"
+    );
+    println!(
+        "trace: {traced} order-status rows carry the request's trace id {}",
+        request.trace_id_hex()
+    );
+    println!("quarantine and dead letters: {letters}");
+    println!(
+        "all {events} events published and applied in {:.2} s",
+        elapsed.as_secs_f64()
+    );
+
+    // What an operator sees of an event: sensitive fields masked.
+    type Row = (
+        uuid::Uuid,
+        String,
+        i32,
+        String,
+        String,
+        i64,
+        chrono::DateTime<chrono::Utc>,
+        Option<String>,
+        serde_json::Value,
+    );
+    let row: Row = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, created_at,
+                traceparent, payload
+         FROM {s}.outbox_events WHERE event_type = 'order.created' ORDER BY seq LIMIT 1"
+    )))
+    .fetch_one(&pool)
+    .await?;
+    let shown = Envelope {
+        id: row.0,
+        event_type: row.1,
+        schema_version: u32::try_from(row.2)?,
+        aggregate_type: row.3,
+        aggregate_id: row.4,
+        aggregate_version: row.5,
+        occurred_at: row.6,
+        traceparent: row.7,
+        payload: serde_json::value::to_raw_value(&row.8)?,
+    };
+    println!("an event as logs show it: {shown}");
+    ensure!(
+        !shown.to_string().contains("@example.org"),
+        "the e-mail address must be redacted"
+    );
+
+    for consumer in consumers {
+        let _ = consumer.drain(Duration::from_secs(5)).await;
+    }
+    let _ = relay.drain(Duration::from_secs(5)).await;
+    println!("ok");
+    Ok(())
+}
+
+/// Deletes the demo stream (and its durable consumers) so every run starts clean.
+async fn reset_stream(url: &str, stream: &str) -> anyhow::Result<()> {
+    let client = async_nats::connect(url)
+        .await
+        .with_context(|| format!("NATS at {url}"))?;
+    let context = async_nats::jetstream::new(client);
+    let _ = context.delete_stream(stream).await;
+    Ok(())
+}
+
+async fn progress(pool: &PgPool, schema: &SchemaName) -> anyhow::Result<(i64, i64, i64)> {
+    let s = schema.quoted();
+    let row: (i64, i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT (SELECT count(*) FROM {s}.invoices), (SELECT count(*) FROM {s}.order_status),
+                (SELECT count(*) FROM {s}.outbox_events WHERE status = 'published')"
+    )))
+    .fetch_one(pool)
+    .await?;
+    Ok(row)
+}
+
+async fn final_statuses(
+    pool: &PgPool,
+    schema: &SchemaName,
+) -> anyhow::Result<(usize, usize, usize)> {
+    let s = schema.quoted();
+    let row: (i64, i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT count(*) FILTER (WHERE status = 'created'), count(*) FILTER (WHERE status = 'shipped'),
+                count(*) FILTER (WHERE status = 'cancelled') FROM {s}.order_status"
+    )))
+    .fetch_one(pool)
+    .await?;
+    Ok((row.0 as usize, row.1 as usize, row.2 as usize))
+}
