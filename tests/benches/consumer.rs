@@ -26,6 +26,7 @@ use outbox_core::consumer::{Consumer, ConsumerBuilder, HandlerError, Incoming, O
 use outbox_core::{Envelope, OutboxEvent};
 use outbox_tests::TestDb;
 use outbox_tests::events::Ticked;
+use outbox_tests::stats::{median, summary};
 use sqlx::AssertSqlSafe;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,22 +186,6 @@ async fn measure(bench: &Arc<Bench>, variant: Variant, clients: usize, duration:
         total += task.await.unwrap();
     }
     total as f64 / started.elapsed().as_secs_f64()
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    values[values.len() / 2]
-}
-
-fn summary(name: &str, values: &[f64]) -> String {
-    let mut sorted = values.to_vec();
-    let med = median(&mut sorted);
-    format!(
-        "{name}: median {med:.3} (min {:.3}, max {:.3}, n={})",
-        sorted[0],
-        sorted[sorted.len() - 1],
-        sorted.len()
-    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

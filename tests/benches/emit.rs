@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use outbox_core::OutboxEvent;
 use outbox_examples::contracts::{Money, OrderCreated, OrderLine};
 use outbox_tests::TestDb;
+use outbox_tests::stats::{median, summary};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::AssertSqlSafe;
@@ -192,22 +193,6 @@ async fn measure(
         tps: latencies.len() as f64 / elapsed,
         p50_ms: latencies[latencies.len() / 2].as_secs_f64() * 1000.0,
     }
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    values[values.len() / 2]
-}
-
-fn summary(name: &str, values: &[f64]) -> String {
-    let mut sorted = values.to_vec();
-    let med = median(&mut sorted);
-    format!(
-        "{name}: median {med:.3} (min {:.3}, max {:.3}, n={})",
-        sorted[0],
-        sorted[sorted.len() - 1],
-        sorted.len()
-    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

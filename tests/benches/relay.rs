@@ -23,6 +23,7 @@ use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::PgRelayStore;
 use outbox_core::transport::nats::{NatsConfig, NatsTransport};
 use outbox_tests::events::Ticked;
+use outbox_tests::stats::{median, percentile};
 use outbox_tests::transports::DiscardTransport;
 use outbox_tests::{NatsServer, TestDb};
 use serde_json::value::RawValue;
@@ -154,17 +155,6 @@ async fn raw_claim_ms(db: &TestDb, samples: usize) -> f64 {
         times.push(plan[0]["Execution Time"].as_f64().unwrap());
     }
     median(&mut times)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    values[values.len() / 2]
-}
-
-fn percentile(values: &mut [f64], p: f64) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let index = ((values.len() as f64 - 1.0) * p).round() as usize;
-    values[index]
 }
 
 async fn bench_drain(scale: &Scale) {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use outbox_core::OutboxEvent;
 use outbox_tests::events::ParcelBooked;
+use outbox_tests::stats::median;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::{RawValue, to_raw_value};
@@ -176,11 +177,6 @@ fn criterion_paths(c: &mut Criterion) {
     group.finish();
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    values[values.len() / 2]
-}
-
 /// Nanoseconds per call of `path`, over `iterations`.
 fn time(path: fn(&Payloads), payloads: &Payloads, iterations: u32) -> f64 {
     let started = Instant::now();
@@ -239,9 +235,17 @@ fn ratios_and_allocations(full: bool) {
 
 fn main() {
     let full = std::env::args().any(|arg| arg == "--bench");
-    let mut criterion = Criterion::default()
-        .configure_from_args()
-        .measurement_time(Duration::from_secs(if full { 3 } else { 1 }));
+    let mut criterion = if full {
+        Criterion::default()
+            .configure_from_args()
+            .measurement_time(Duration::from_secs(3))
+    } else {
+        // Smoke run under `cargo test`: every path once, briefly.
+        Criterion::default()
+            .warm_up_time(Duration::from_millis(50))
+            .measurement_time(Duration::from_millis(100))
+            .sample_size(10)
+    };
     criterion_paths(&mut criterion);
     criterion.final_summary();
     ratios_and_allocations(full);

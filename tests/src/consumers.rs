@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::consumer::{HandlerError, Received};
+use outbox_core::consumer::{Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Received};
 use outbox_core::{Envelope, OutboxEvent};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
@@ -179,4 +179,21 @@ pub fn tick_handler(
             Ok(())
         })
     }
+}
+
+/// A consumer named `name` of `Ticked` events that records each in the
+/// effects table (see [`tick_handler`]).
+pub fn tick_consumer(
+    db: &TestDb,
+    name: &str,
+    config: ConsumerConfig,
+    hold: Duration,
+    failing: &[&str],
+) -> Consumer {
+    let failing = Arc::new(failing.iter().map(|s| s.to_string()).collect());
+    ConsumerBuilder::new(name)
+        .config(config)
+        .on_fn::<Ticked, _>(tick_handler(db.table("effects"), hold, failing))
+        .build(db.pool.clone(), db.schema.clone())
+        .expect("consumer builds")
 }

@@ -10,6 +10,7 @@ pub mod events;
 pub mod jetstream;
 pub mod metrics;
 pub mod nats;
+pub mod stats;
 pub mod transports;
 pub mod wait;
 

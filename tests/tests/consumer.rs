@@ -16,7 +16,7 @@ use outbox_core::consumer::{
 use outbox_core::metrics as m;
 use outbox_core::relay::Backoff;
 use outbox_core::{Envelope, OutboxEvent, ce};
-use outbox_tests::consumers::{create_effects, effects, letters, tick, tick_handler};
+use outbox_tests::consumers::{create_effects, effects, letters, tick, tick_consumer};
 use outbox_tests::events::Ticked;
 use outbox_tests::{TestDb, metrics, wait};
 use schemars::JsonSchema;
@@ -40,21 +40,6 @@ fn fast_retry(max_attempts: u32) -> RetryPolicy {
         },
         handler_timeout: Duration::from_secs(10),
     }
-}
-
-fn tick_consumer(
-    db: &TestDb,
-    name: &str,
-    config: ConsumerConfig,
-    hold: Duration,
-    failing: &[&str],
-) -> Consumer {
-    let failing = Arc::new(failing.iter().map(|s| s.to_string()).collect());
-    ConsumerBuilder::new(name)
-        .config(config)
-        .on_fn::<Ticked, _>(tick_handler(db.table("effects"), hold, failing))
-        .build(db.pool.clone(), db.schema.clone())
-        .expect("consumer builds")
 }
 
 fn versions(effects: &[outbox_tests::consumers::Effect]) -> Vec<i64> {

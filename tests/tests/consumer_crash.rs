@@ -5,15 +5,14 @@
 
 use std::time::Duration;
 
-use outbox_core::consumer::ConsumerBuilder;
+use outbox_core::consumer::ConsumerConfig;
 use outbox_core::failpoint::{self, Action, CONSUMER_AFTER_COMMIT};
 use outbox_core::metrics as m;
 use outbox_core::transport::Transport;
 use outbox_core::transport::nats::{
     JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport,
 };
-use outbox_tests::consumers::{create_effects, effects, tick, tick_handler};
-use outbox_tests::events::Ticked;
+use outbox_tests::consumers::{create_effects, effects, tick, tick_consumer};
 use outbox_tests::{NatsServer, TestDb, metrics, wait};
 
 #[tokio::test]
@@ -28,14 +27,7 @@ async fn a_crash_between_commit_and_ack_is_redelivered_and_has_no_effect() {
     };
     let transport = NatsTransport::connect(nats.clone()).await.unwrap();
     let name = "crash-after-commit";
-    let consumer = ConsumerBuilder::new(name)
-        .on_fn::<Ticked, _>(tick_handler(
-            db.table("effects"),
-            Duration::ZERO,
-            Default::default(),
-        ))
-        .build(db.pool.clone(), db.schema.clone())
-        .unwrap();
+    let consumer = tick_consumer(&db, name, ConsumerConfig::default(), Duration::ZERO, &[]);
     let mut config = JetStreamSourceConfig::for_consumer(&consumer, nats).unwrap();
     config.ack_wait = Duration::from_secs(2);
 

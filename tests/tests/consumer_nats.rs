@@ -19,7 +19,7 @@ use outbox_core::transport::nats::{
 };
 use outbox_core::{Envelope, ce};
 use outbox_tests::consumers::{
-    create_effects, effects, letters, record_effect, tick, tick_handler,
+    create_effects, effects, letters, record_effect, tick, tick_consumer,
 };
 use outbox_tests::events::{ParcelBooked, Ticked};
 use outbox_tests::{NatsServer, TestDb, metrics, wait};
@@ -86,14 +86,7 @@ async fn emit_relay_jetstream_consumer_end_to_end_with_the_trace_context_in_the_
     .await
     .unwrap();
     let name = "e2e";
-    let consumer = ConsumerBuilder::new(name)
-        .on_fn::<Ticked, _>(tick_handler(
-            db.table("effects"),
-            Duration::ZERO,
-            Default::default(),
-        ))
-        .build(db.pool.clone(), db.schema.clone())
-        .unwrap();
+    let consumer = tick_consumer(&db, name, ConsumerConfig::default(), Duration::ZERO, &[]);
     let source = JetStreamSource::connect(
         JetStreamSourceConfig::for_consumer(&consumer, nats_config(&server)).unwrap(),
     )
@@ -156,14 +149,7 @@ async fn emit_relay_jetstream_consumer_end_to_end_with_the_trace_context_in_the_
 async fn article_6_over_jetstream_unreadable_versions_are_quarantined_and_the_stream_moves_on() {
     let (server, db, _transport) = setup().await;
     let name = "article6-nats";
-    let consumer = ConsumerBuilder::new(name)
-        .on_fn::<Ticked, _>(tick_handler(
-            db.table("effects"),
-            Duration::ZERO,
-            Default::default(),
-        ))
-        .build(db.pool.clone(), db.schema.clone())
-        .unwrap();
+    let consumer = tick_consumer(&db, name, ConsumerConfig::default(), Duration::ZERO, &[]);
     let mut config = JetStreamSourceConfig::for_consumer(&consumer, nats_config(&server)).unwrap();
     // The whole stream, so the unknown type reaches this consumer too.
     config.filter_subject = "events.>".into();
@@ -313,8 +299,10 @@ async fn a_v1_payload_in_the_broker_reaches_a_v3_handler_through_json_and_typed_
 async fn jetstream_redelivers_a_failing_message_with_backoff_until_the_dead_letters() {
     let (server, db, transport) = setup().await;
     let name = "nats-poison";
-    let consumer = ConsumerBuilder::new(name)
-        .config(ConsumerConfig {
+    let consumer = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig {
             retry: RetryPolicy {
                 max_attempts: 3,
                 backoff: Backoff {
@@ -326,14 +314,10 @@ async fn jetstream_redelivers_a_failing_message_with_backoff_until_the_dead_lett
                 handler_timeout: Duration::from_secs(5),
             },
             ..ConsumerConfig::default()
-        })
-        .on_fn::<Ticked, _>(tick_handler(
-            db.table("effects"),
-            Duration::ZERO,
-            std::sync::Arc::new(vec!["bad".to_owned()]),
-        ))
-        .build(db.pool.clone(), db.schema.clone())
-        .unwrap();
+        },
+        Duration::ZERO,
+        &["bad"],
+    );
     let config = JetStreamSourceConfig::for_consumer(&consumer, nats_config(&server)).unwrap();
     assert_eq!(
         config.max_deliver, 6,
