@@ -223,7 +223,7 @@ async fn strict_gap_that_never_closes_ends_in_dead_letters_with_the_missing_vers
         name,
         ConsumerConfig {
             ordering: Ordering::Strict {
-                park_timeout: Duration::from_millis(200),
+                park_timeout: Duration::from_millis(1500),
             },
             ..ConsumerConfig::default()
         },
@@ -249,7 +249,7 @@ async fn strict_gap_that_never_closes_ends_in_dead_letters_with_the_missing_vers
     );
     let early = consumer.sweep().await.unwrap();
     assert_eq!(early.dead_lettered, 0, "nothing expires before the timeout");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1700)).await;
     let report = consumer.sweep().await.unwrap();
     assert_eq!(report.dead_lettered, 2);
     let letters = letters(&db, name).await;
