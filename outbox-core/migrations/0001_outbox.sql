@@ -88,6 +88,18 @@ CREATE TABLE outbox_processed_events (
     PRIMARY KEY (consumer_name, event_id)
 );
 
+-- Handler starts of redelivered messages, committed before the handler
+-- runs: a message that kills the process every time is dead-lettered after
+-- max_attempts starts, while redeliveries during a database outage (no
+-- start possible) do not count. First deliveries write nothing here.
+CREATE TABLE outbox_consumer_attempts (
+    consumer_name text        NOT NULL,
+    event_id      uuid        NOT NULL,
+    starts        integer     NOT NULL,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_name, event_id)
+);
+
 -- Consumer positions per aggregate, for the ordering policies.
 CREATE TABLE outbox_consumer_positions (
     consumer_name  text        NOT NULL,

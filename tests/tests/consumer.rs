@@ -662,3 +662,85 @@ async fn build_reports_every_registration_problem_at_once() {
     assert!(matches!(empty.0[0], BuildError::NoHandlers { .. }));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_message_that_kills_its_handler_every_time_ends_in_dead_letters_after_max_attempts_starts()
+ {
+    let db = setup().await;
+    let name = "crash-loop";
+    // The handler of counter "crash" never finishes; dropping `handle`
+    // mid-handler is what a process crash does to it (the transaction
+    // rolls back, nothing is acknowledged).
+    let consumer = tick_consumer(
+        &db,
+        name,
+        ConsumerConfig {
+            retry: fast_retry(3),
+            ..ConsumerConfig::default()
+        },
+        Duration::from_secs(3600),
+        &[],
+    );
+    let event = tick("crash", 1);
+    for delivery in 1..=3 {
+        let crashed = tokio::time::timeout(
+            Duration::from_millis(300),
+            consumer.handle(&Incoming::from_envelope(&event, delivery)),
+        )
+        .await;
+        assert!(
+            crashed.is_err(),
+            "delivery {delivery} ran the handler (and 'crashed')"
+        );
+    }
+    // Fourth delivery: three starts without an outcome are enough.
+    match consumer
+        .handle(&Incoming::from_envelope(&event, 4))
+        .await
+        .unwrap()
+    {
+        Outcome::DeadLettered { reason } => {
+            assert!(
+                reason.contains("started 3 times without an outcome"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+    let letters = letters(&db, name).await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].event_id, Some(event.id));
+    // The effects of the crashed runs rolled back.
+    assert!(effects(&db, name).await.is_empty());
+    let counters: i64 = db
+        .scalar("SELECT count(*) FROM {s}.outbox_consumer_attempts")
+        .await;
+    assert_eq!(counters, 0, "the start count goes with the settled message");
+
+    // A redelivery that succeeds clears its count too, and one that could
+    // not start (here: a first delivery that crashed) is not held against it.
+    let other = tick("recovers", 1);
+    let quick = tick_consumer(
+        &db,
+        "crash-loop-recovers",
+        ConsumerConfig {
+            retry: fast_retry(3),
+            ..ConsumerConfig::default()
+        },
+        Duration::ZERO,
+        &[],
+    );
+    assert_eq!(
+        quick
+            .handle(&Incoming::from_envelope(&other, 7))
+            .await
+            .unwrap(),
+        Outcome::Applied,
+        "a high broker delivery count alone does not dead-letter"
+    );
+    let counters: i64 = db
+        .scalar("SELECT count(*) FROM {s}.outbox_consumer_attempts")
+        .await;
+    assert_eq!(counters, 0);
+    db.drop_schema().await;
+}

@@ -42,8 +42,10 @@ pub enum Ordering {
 /// Retries of a failing handler.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
-    /// Attempts (deliveries) before a message goes to the dead letters
-    /// (default 5). The broker's delivery count is the attempt number.
+    /// Handler starts before a message goes to the dead letters (default
+    /// 5). A failed start is retried after the backoff; a redelivery after
+    /// a crash counts as a start too (recorded before the handler runs),
+    /// a redelivery that could not reach the database does not.
     pub max_attempts: u32,
     /// Delay before the next delivery after a failure (default 1 s doubling
     /// up to 5 min, ±20%).

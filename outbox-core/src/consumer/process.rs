@@ -134,7 +134,9 @@ impl Consumer {
         &self,
         batch: &[&Incoming],
     ) -> Result<Vec<Outcome>, ConsumerError> {
-        if batch.len() <= 1 {
+        // Redeliveries are rare and need their start counted first: a batch
+        // with one goes message by message.
+        if batch.len() <= 1 || batch.iter().any(|i| i.attempt() > 1) {
             let mut outcomes = Vec::with_capacity(batch.len());
             for incoming in batch {
                 outcomes.push(self.handle(incoming).await?);
@@ -328,9 +330,49 @@ impl Consumer {
         dispatch: &dyn Dispatch,
         decoded: Decoded,
     ) -> Result<Outcome, ConsumerError> {
+        // A redelivery counts its handler start in a committed row first, so
+        // a message that takes the process down each time ends after
+        // max_attempts starts; deliveries that never reach a handler (the
+        // database is down) do not count.
+        let redelivered = incoming.attempt() > 1;
+        let start = if redelivered {
+            self.count_start(envelope.id).await?
+        } else {
+            1
+        };
         let mut tx = self.begin().await?;
         if !self.claim(&mut tx, envelope.id).await? {
+            if redelivered {
+                self.forget_starts(&mut tx, envelope.id).await?;
+                tx.commit()
+                    .await
+                    .map_err(self.db_error("committing a duplicate"))?;
+            }
             return Ok(Outcome::Duplicate);
+        }
+        if redelivered {
+            // Settled with this transaction; kept when it rolls back.
+            self.forget_starts(&mut tx, envelope.id).await?;
+        }
+        let max_attempts = self.inner.config.retry.max_attempts;
+        if start > max_attempts {
+            let reason = format!(
+                "the handler was started {} times without an outcome (the process crashed, hung or lost its database connection each time); not started again",
+                start - 1
+            );
+            self.write_letter(
+                &mut tx,
+                LetterKind::DeadLettered,
+                incoming,
+                Some(&envelope),
+                &reason,
+            )
+            .await?;
+            tx.commit()
+                .await
+                .map_err(self.db_error("committing a dead letter"))?;
+            tracing::warn!(consumer = %self.inner.name, event_id = %envelope.id, "message moved to dead letters after repeated crashes");
+            return Ok(Outcome::DeadLettered { reason });
         }
         match self.gate(&mut tx, &envelope).await? {
             Gate::Go => {}
@@ -349,7 +391,7 @@ impl Consumer {
             }
         }
         let result = self
-            .run_handler(dispatch, decoded, &envelope, incoming.attempt(), &mut tx)
+            .run_handler(dispatch, decoded, &envelope, start, &mut tx)
             .await;
         match result {
             Ok(()) => {
@@ -369,7 +411,7 @@ impl Consumer {
             }
             Err(error) => {
                 let _ = tx.rollback().await;
-                self.after_failure(incoming, &envelope, error).await
+                self.after_failure(incoming, &envelope, start, error).await
             }
         }
     }
@@ -380,9 +422,9 @@ impl Consumer {
         &self,
         incoming: &Incoming,
         envelope: &Envelope,
+        attempt: u32,
         error: HandlerError,
     ) -> Result<Outcome, ConsumerError> {
-        let attempt = incoming.attempt();
         let retry = &self.inner.config.retry;
         if !error.is_permanent() && attempt < retry.max_attempts {
             tracing::info!(
@@ -463,6 +505,32 @@ impl Consumer {
                 "handler timed out after {timeout:?}"
             ))),
         }
+    }
+
+    async fn count_start(&self, event_id: Uuid) -> Result<u32, ConsumerError> {
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(self.db_error("acquiring a connection"))?;
+        self.inner
+            .sql
+            .count_start(&mut conn, &self.inner.name, event_id)
+            .await
+            .map_err(self.db_error("counting a handler start"))
+    }
+
+    async fn forget_starts(
+        &self,
+        tx: &mut PgConnection,
+        event_id: Uuid,
+    ) -> Result<(), ConsumerError> {
+        self.inner
+            .sql
+            .forget_starts(tx, &self.inner.name, event_id)
+            .await
+            .map_err(self.db_error("clearing a handler start count"))
     }
 
     fn is_strict(&self) -> bool {

@@ -49,6 +49,8 @@ pub(crate) struct ParkedMessage {
 /// The SQL of the consumer statements for one schema.
 #[derive(Debug)]
 pub(crate) struct ConsumerSql {
+    count_start: String,
+    forget_starts: String,
     inbox_one: String,
     inbox_many: String,
     advance_if_newer: String,
@@ -68,6 +70,18 @@ impl ConsumerSql {
     pub(crate) fn new(schema: &SchemaName) -> ConsumerSql {
         let s = schema.quoted();
         ConsumerSql {
+            // A redelivery's handler start, counted (first deliveries
+            // count as start 1 without a row).
+            count_start: format!(
+                "INSERT INTO {s}.outbox_consumer_attempts AS a (consumer_name, event_id, starts)
+                 VALUES ($1, $2, 2)
+                 ON CONFLICT (consumer_name, event_id)
+                 DO UPDATE SET starts = a.starts + 1, updated_at = now()
+                 RETURNING a.starts"
+            ),
+            forget_starts: format!(
+                "DELETE FROM {s}.outbox_consumer_attempts WHERE consumer_name = $1 AND event_id = $2"
+            ),
             inbox_one: format!(
                 "INSERT INTO {s}.outbox_processed_events (consumer_name, event_id) VALUES ($1, $2)
                  ON CONFLICT DO NOTHING"
@@ -168,6 +182,38 @@ impl ConsumerSql {
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
             ),
         }
+    }
+
+    /// Counts a handler start of a redelivered message (committed on its
+    /// own, before the handler runs); returns the start number (2 for the
+    /// first redelivery).
+    pub(crate) async fn count_start(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<u32> {
+        let starts: i32 = sqlx::query_scalar(AssertSqlSafe(self.count_start.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .fetch_one(conn)
+            .await?;
+        Ok(starts.max(1) as u32)
+    }
+
+    /// Drops the start count of a settled message.
+    pub(crate) async fn forget_starts(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.forget_starts.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     /// Records `event_id` as processed by `consumer`; false when it already was.

@@ -25,12 +25,12 @@ pub struct JetStreamSourceConfig {
     /// How long JetStream waits for an ack before delivering again. Must
     /// exceed the handler timeout plus a commit.
     pub ack_wait: Duration,
-    /// Deliveries after which JetStream gives up on a message (`-1`: never).
-    /// A backstop above the consumer's own limit: the consumer dead-letters
-    /// a message at its `max_attempts`, so this is reached only by a
-    /// message that crashes the whole process every time (JetStream then
-    /// publishes a max-deliveries advisory and keeps the message in the
-    /// stream).
+    /// Deliveries after which JetStream gives up on a message (`-1`:
+    /// never, the default from [`for_consumer`](Self::for_consumer)). The
+    /// consumer bounds handler runs itself (max attempts, with handler
+    /// starts of redeliveries counted in the database), so a limit here
+    /// would only strand messages that were redelivered while the database
+    /// was down.
     pub max_deliver: i64,
     /// Unacknowledged messages JetStream hands out at once.
     pub max_ack_pending: i64,
@@ -39,7 +39,7 @@ pub struct JetStreamSourceConfig {
 impl JetStreamSourceConfig {
     /// Settings aligned with `consumer`: durable name = consumer name,
     /// a filter covering its event types, ack wait = handler timeout +
-    /// 10 s, max deliver = max attempts + 3.
+    /// 10 s, no delivery limit.
     pub fn for_consumer(consumer: &Consumer, nats: NatsConfig) -> Result<Self, ConfigError> {
         let template = SubjectTemplate::new(&nats.subject_template)?;
         let subjects: Vec<String> = consumer
@@ -52,7 +52,7 @@ impl JetStreamSourceConfig {
             filter_subject: common_filter(&subjects, &template.stream_subject()),
             durable: consumer.name().to_owned(),
             ack_wait: retry.handler_timeout + Duration::from_secs(10),
-            max_deliver: i64::from(retry.max_attempts) + 3,
+            max_deliver: -1,
             max_ack_pending: 1000,
             nats,
         })
