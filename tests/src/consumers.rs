@@ -197,3 +197,20 @@ pub fn tick_consumer(
         .build(db.pool.clone(), db.schema.clone())
         .expect("consumer builds")
 }
+
+/// A handler closure for any event that records its effect in `table`.
+pub fn effect_handler<E: OutboxEvent>(
+    table: String,
+) -> impl for<'a> Fn(
+    Received<E>,
+    &'a mut PgConnection,
+) -> futures_util::future::BoxFuture<'a, Result<(), HandlerError>>
++ Send
++ Sync
++ Clone
++ 'static {
+    move |received, tx| {
+        let table = table.clone();
+        Box::pin(async move { record_effect(&table, &received, tx).await })
+    }
+}

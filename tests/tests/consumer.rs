@@ -744,3 +744,173 @@ async fn a_message_that_kills_its_handler_every_time_ends_in_dead_letters_after_
     assert_eq!(counters, 0);
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_handler_that_swallows_a_statement_error_does_not_get_its_message_acknowledged() {
+    let db = setup().await;
+    let consumer = ConsumerBuilder::new("swallows")
+        .retry(fast_retry(3))
+        .on_fn::<Ticked, _>(|_, tx| {
+            Box::pin(async move {
+                // The error is caught and ignored; the transaction is now failed.
+                let _ = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+                Ok(())
+            })
+        })
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    match consumer.handle_envelope(&tick("z", 1)).await.unwrap() {
+        Outcome::Retry { error, .. } => assert!(error.contains("error was swallowed"), "{error}"),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    let inbox: i64 = db
+        .scalar("SELECT count(*) FROM {s}.outbox_processed_events")
+        .await;
+    assert_eq!(inbox, 0, "nothing was recorded as processed");
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn strict_ordering_counts_the_versions_of_skipped_event_types() {
+    use outbox_examples::contracts::{CancelReason, OrderCancelled, OrderCreated, OrderShipped};
+    let db = setup().await;
+    let created = outbox_tests::consumers::effect_handler::<OrderCreated>(db.table("effects"));
+    // Without a word about the other order events, strict ordering would
+    // wait forever for their versions: refused at build time.
+    let errors = ConsumerBuilder::new("orders-strict")
+        .ordering(STRICT)
+        .on_fn::<OrderCreated, _>(created.clone())
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap_err();
+    let text = errors.to_string();
+    assert!(
+        text.contains("order.shipped") && text.contains("order.cancelled"),
+        "{text}"
+    );
+    assert!(
+        errors
+            .0
+            .iter()
+            .all(|e| matches!(e, BuildError::StrictUnhandled { .. })),
+        "{text}"
+    );
+
+    let consumer = ConsumerBuilder::new("orders-strict")
+        .ordering(STRICT)
+        .on_fn::<OrderCreated, _>(created)
+        .ignore("order.shipped")
+        .ignore("order.cancelled")
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    assert_eq!(
+        consumer.subscribed_types(),
+        vec![
+            ("order", "order.cancelled"),
+            ("order", "order.created"),
+            ("order", "order.shipped")
+        ]
+    );
+    let order_id = uuid::Uuid::now_v7();
+    let v1 = Envelope::for_event(
+        &OrderCreated {
+            order_id,
+            customer_email: "a@example.org".into(),
+            lines: Vec::new(),
+            total: outbox_examples::contracts::Money {
+                amount_minor: 1,
+                currency: "EUR".into(),
+            },
+        },
+        1,
+    )
+    .unwrap();
+    let v2 = Envelope::for_event(
+        &OrderShipped {
+            order_id,
+            carrier: "DHL".into(),
+            tracking_number: None,
+            shipped_at: chrono::Utc::now(),
+        },
+        2,
+    )
+    .unwrap();
+    let v3 = Envelope::for_event(
+        &OrderCancelled {
+            order_id,
+            reason: CancelReason::Other,
+            note: None,
+        },
+        3,
+    )
+    .unwrap();
+    assert_eq!(
+        consumer.handle_envelope(&v1).await.unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(
+        consumer.handle_envelope(&v3).await.unwrap(),
+        Outcome::Parked { waiting_for: 2 }
+    );
+    assert_eq!(
+        consumer.handle_envelope(&v2).await.unwrap(),
+        Outcome::Ignored
+    );
+    let position: i64 = db
+        .scalar("SELECT version FROM {s}.outbox_consumer_positions WHERE consumer_name = 'orders-strict'")
+        .await;
+    assert_eq!(
+        position, 3,
+        "the skipped versions moved the position, the parked one too"
+    );
+    assert_eq!(effects(&db, "orders-strict").await.len(), 1);
+    db.drop_schema().await;
+}
+
+fn explode_v1(_: serde_json::Value) -> Result<serde_json::Value, outbox_core::UpcastError> {
+    panic!("upcaster bug")
+}
+
+/// A contract whose upcaster panics.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "fragile.noted", aggregate = "fragile", version = 2, upcast(from = 1, with = explode_v1))]
+struct FragileNoted {
+    #[outbox(aggregate_id)]
+    id: String,
+}
+
+#[tokio::test]
+async fn a_panicking_upcaster_or_a_nul_character_quarantines_the_message() {
+    let db = setup().await;
+    let name = "fragile";
+    let consumer = ConsumerBuilder::new(name)
+        .on_fn::<FragileNoted, _>(|_, _| Box::pin(async { Ok(()) }))
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let mut old = Envelope::for_event(&FragileNoted { id: "f1".into() }, 1).unwrap();
+    old.schema_version = 1;
+    match consumer.handle_envelope(&old).await.unwrap() {
+        Outcome::Quarantined { reason } => {
+            assert!(reason.contains("panicked: upcaster bug"), "{reason}")
+        }
+        other => panic!("expected quarantine, got {other:?}"),
+    }
+    let mut nul = Envelope::for_event(&FragileNoted { id: "f2".into() }, 1).unwrap();
+    nul.payload = serde_json::value::to_raw_value(&serde_json::json!({"id": "f\u{0}2"})).unwrap();
+    match consumer.handle_envelope(&nul).await.unwrap() {
+        Outcome::Quarantined { reason } => assert!(reason.contains("NUL character"), "{reason}"),
+        other => panic!("expected quarantine, got {other:?}"),
+    }
+    let mut attributes: Vec<(String, String)> =
+        Incoming::from_envelope(&nul, 1).attributes().to_vec();
+    attributes.push(("subject".into(), "a\u{0}b".into()));
+    let outcome = consumer
+        .handle(&Incoming::new(attributes, b"{}".to_vec(), 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, Outcome::Quarantined { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(letters(&db, name).await.len(), 3);
+    db.drop_schema().await;
+}

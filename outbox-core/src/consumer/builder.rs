@@ -75,6 +75,20 @@ pub enum BuildError {
         /// The version it cannot read.
         version: u32,
     },
+    /// Strict ordering counts versions across all event types of an
+    /// aggregate, so every event type of a handled aggregate type must be
+    /// handled or explicitly skipped.
+    #[error(
+        "consumer {consumer} uses strict ordering on aggregate {aggregate_type}, but has no handler for its event type {event_type}; its versions would be gaps forever: handle it, or `.ignore(\"{event_type}\")` to let it move the position without a handler"
+    )]
+    StrictUnhandled {
+        /// The consumer.
+        consumer: String,
+        /// The aggregate type.
+        aggregate_type: &'static str,
+        /// The event type without a handler.
+        event_type: &'static str,
+    },
     /// The binary's contracts are inconsistent.
     #[error("{0}")]
     Registry(RegistryErrors),
@@ -236,6 +250,31 @@ impl ConsumerBuilder {
             }
             handlers.insert(handler.event_type(), handler);
         }
+        let mut skipped_types = Vec::new();
+        if let (super::Ordering::Strict { .. }, Some(registry)) = (self.config.ordering, &registry)
+        {
+            let aggregates: BTreeSet<&'static str> =
+                handlers.values().map(|h| h.aggregate_type()).collect();
+            for event_type in registry.event_types() {
+                let Some(contract) = registry.current(event_type) else {
+                    continue;
+                };
+                if !aggregates.contains(contract.aggregate_type)
+                    || handlers.contains_key(event_type)
+                {
+                    continue;
+                }
+                if self.ignored.contains(event_type) {
+                    skipped_types.push((contract.aggregate_type, event_type));
+                } else {
+                    problems.push(BuildError::StrictUnhandled {
+                        consumer: self.name.clone(),
+                        aggregate_type: contract.aggregate_type,
+                        event_type,
+                    });
+                }
+            }
+        }
         if !problems.is_empty() {
             return Err(BuildErrors(problems));
         }
@@ -248,6 +287,7 @@ impl ConsumerBuilder {
                 name,
                 handlers,
                 ignored: self.ignored,
+                skipped_types,
                 config: self.config,
             }),
         })

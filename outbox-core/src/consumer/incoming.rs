@@ -72,7 +72,13 @@ impl Incoming {
         serde_json::Value::Object(
             self.attributes
                 .iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                // jsonb cannot hold NUL characters.
+                .map(|(k, v)| {
+                    (
+                        k.replace('\0', "\u{fffd}"),
+                        serde_json::Value::String(v.replace('\0', "\u{fffd}")),
+                    )
+                })
                 .collect(),
         )
     }

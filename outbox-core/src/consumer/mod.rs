@@ -59,8 +59,8 @@ pub use incoming::{Incoming, Outcome};
 pub use process::{ConsumerError, SweepReport};
 pub use runner::ConsumerTask;
 pub use source::{
-    ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, Delivery, MessageSource,
-    SourceError, channel,
+    ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, ChannelStatsHandle, Delivery,
+    MessageSource, SourceError, channel,
 };
 
 pub(crate) use config::validate_name as validate_durable;
@@ -84,6 +84,9 @@ pub(crate) struct Inner {
     pub(crate) sql: ConsumerSql,
     pub(crate) handlers: HashMap<&'static str, Box<dyn Dispatch>>,
     pub(crate) ignored: BTreeSet<String>,
+    /// Strict only: (aggregate type, event type) of ignored types that still
+    /// move positions, so they must be delivered.
+    pub(crate) skipped_types: Vec<(&'static str, &'static str)>,
     pub(crate) config: ConsumerConfig,
 }
 
@@ -118,6 +121,18 @@ impl Consumer {
             .map(|h| (h.aggregate_type(), h.event_type()))
             .collect();
         types.sort_unstable();
+        types
+    }
+
+    /// The (aggregate type, event type) pairs it must receive: those it
+    /// handles and, under strict ordering, the ignored types of the same
+    /// aggregates (they move positions). A source's subject filter covers
+    /// these.
+    pub fn subscribed_types(&self) -> Vec<(&'static str, &'static str)> {
+        let mut types = self.event_types();
+        types.extend(self.inner.skipped_types.iter().copied());
+        types.sort_unstable();
+        types.dedup();
         types
     }
 }

@@ -54,7 +54,9 @@ enum Prepared<'a> {
         envelope: Option<Envelope>,
         reason: String,
     },
-    Ignored,
+    Ignored {
+        envelope: Envelope,
+    },
 }
 
 impl Prepared<'_> {
@@ -62,7 +64,7 @@ impl Prepared<'_> {
         match self {
             Prepared::Ready { envelope, .. } => Some(envelope.id),
             Prepared::Unreadable { envelope, .. } => envelope.as_ref().map(|e| e.id),
-            Prepared::Ignored => None,
+            Prepared::Ignored { envelope } => Some(envelope.id),
         }
     }
 }
@@ -97,7 +99,7 @@ impl Consumer {
     pub async fn handle(&self, incoming: &Incoming) -> Result<Outcome, ConsumerError> {
         let prepared = self.prepare(incoming);
         let outcome = match prepared {
-            Prepared::Ignored => Outcome::Ignored,
+            Prepared::Ignored { envelope } => self.skip_one(envelope).await?,
             Prepared::Unreadable { envelope, reason } => {
                 self.quarantine_one(incoming, envelope.as_ref(), reason)
                     .await?
@@ -144,7 +146,14 @@ impl Consumer {
             return Ok(outcomes);
         }
         let prepared: Vec<Prepared<'_>> = batch.iter().map(|i| self.prepare(i)).collect();
-        let ids: Vec<Uuid> = prepared.iter().filter_map(Prepared::event_id).collect();
+        let ids: Vec<Uuid> = prepared
+            .iter()
+            .filter(|p| match p {
+                Prepared::Ignored { envelope } => self.tracks(envelope),
+                _ => true,
+            })
+            .filter_map(Prepared::event_id)
+            .collect();
         let mut tx = self.begin().await?;
         let mut fresh: HashSet<Uuid> = self
             .inner
@@ -158,7 +167,29 @@ impl Consumer {
         let mut advanced: Vec<(String, String)> = Vec::new();
         for (incoming, prepared) in batch.iter().zip(prepared) {
             let outcome = match prepared {
-                Prepared::Ignored => Outcome::Ignored,
+                Prepared::Ignored { envelope } => {
+                    if !self.tracks(&envelope) {
+                        Outcome::Ignored
+                    } else if !fresh.remove(&envelope.id) {
+                        Outcome::Duplicate
+                    } else {
+                        match self.gate(&mut tx, &envelope).await? {
+                            Gate::Stale(position) => Outcome::Stale { position },
+                            Gate::Park(waiting_for) => {
+                                self.park(&mut tx, &envelope).await?;
+                                Outcome::Parked { waiting_for }
+                            }
+                            Gate::Go => {
+                                self.set_position(&mut tx, &envelope).await?;
+                                advanced.push((
+                                    envelope.aggregate_type.clone(),
+                                    envelope.aggregate_id.clone(),
+                                ));
+                                Outcome::Ignored
+                            }
+                        }
+                    }
+                }
                 Prepared::Unreadable { envelope, reason } => {
                     if envelope.as_ref().is_some_and(|e| !fresh.remove(&e.id)) {
                         Outcome::Duplicate
@@ -198,6 +229,10 @@ impl Consumer {
                                         &mut tx,
                                     )
                                     .await;
+                                let result = match result {
+                                    Ok(()) => transaction_intact(&mut tx).await,
+                                    failed => failed,
+                                };
                                 if result.is_err() {
                                     // Roll back and give every message its own transaction.
                                     let _ = tx.rollback().await;
@@ -240,6 +275,12 @@ impl Consumer {
 
     /// Reads the envelope, finds the handler, decodes and upcasts.
     fn prepare<'a>(&'a self, incoming: &Incoming) -> Prepared<'a> {
+        if let Some(reason) = unstorable(incoming) {
+            return Prepared::Unreadable {
+                envelope: None,
+                reason,
+            };
+        }
         let envelope = match incoming.envelope() {
             Ok(envelope) => envelope,
             Err(error) => {
@@ -255,7 +296,7 @@ impl Consumer {
                 .and_then(|r| r.current(&envelope.event_type))
                 .is_some();
             if known || self.inner.ignored.contains(&envelope.event_type) {
-                return Prepared::Ignored;
+                return Prepared::Ignored { envelope };
             }
             let reason = format!(
                 "unknown event type {:?} (v{}): no contract for it in this binary and no handler in consumer {}",
@@ -278,15 +319,27 @@ impl Consumer {
                 reason,
             };
         }
-        match dispatch.decode(&envelope) {
-            Ok(decoded) => Prepared::Ready {
+        // Upcasters, conversions and Deserialize impls are user code running
+        // on external data: a panic there quarantines the message.
+        let decoded = std::panic::catch_unwind(AssertUnwindSafe(|| dispatch.decode(&envelope)));
+        match decoded {
+            Ok(Ok(decoded)) => Prepared::Ready {
                 envelope,
                 dispatch: dispatch.as_ref(),
                 decoded,
             },
-            Err(error) => Prepared::Unreadable {
+            Ok(Err(error)) => Prepared::Unreadable {
                 envelope: Some(envelope),
                 reason: error.to_string(),
+            },
+            Err(panic) => Prepared::Unreadable {
+                reason: format!(
+                    "decoding {} v{} panicked: {}",
+                    envelope.event_type,
+                    envelope.schema_version,
+                    panic_message(&panic)
+                ),
+                envelope: Some(envelope),
             },
         }
     }
@@ -390,9 +443,12 @@ impl Consumer {
                 return Ok(Outcome::Parked { waiting_for });
             }
         }
-        let result = self
+        let mut result = self
             .run_handler(dispatch, decoded, &envelope, start, &mut tx)
             .await;
+        if result.is_ok() {
+            result = transaction_intact(&mut tx).await;
+        }
         match result {
             Ok(()) => {
                 if self.is_strict() {
@@ -633,27 +689,41 @@ impl Consumer {
     async fn drain(&self, aggregate_type: &str, aggregate_id: &str) -> Result<u64, ConsumerError> {
         let sql = &self.inner.sql;
         let name = &*self.inner.name;
+        let aggregate = (aggregate_type, aggregate_id);
         let mut applied = 0;
         loop {
+            // Count the start before running (committed), so a parked
+            // message that takes the process down is bounded too.
+            let next = {
+                let mut tx = self.begin().await?;
+                let position = sql
+                    .lock_position(&mut tx, name, aggregate_type, aggregate_id)
+                    .await
+                    .map_err(self.db_error("locking the aggregate position"))?;
+                let next = sql
+                    .start_parked(&mut tx, name, aggregate, position + 1)
+                    .await
+                    .map_err(self.db_error("reading parked messages"))?;
+                tx.commit()
+                    .await
+                    .map_err(self.db_error("counting a parked start"))?;
+                next
+            };
+            let Some(parked) = next else {
+                return Ok(applied);
+            };
             let mut tx = self.begin().await?;
             let position = sql
                 .lock_position(&mut tx, name, aggregate_type, aggregate_id)
                 .await
                 .map_err(self.db_error("locking the aggregate position"))?;
-            let parked = sql
-                .next_parked(&mut tx, name, (aggregate_type, aggregate_id), position + 1)
-                .await
-                .map_err(self.db_error("reading parked messages"))?;
-            let Some(parked) = parked else {
-                return Ok(applied);
-            };
             let parked = match parked {
                 Ok(parked) => parked,
                 Err(error) => {
                     sql.dead_letter_parked(
                         &mut tx,
                         name,
-                        (aggregate_type, aggregate_id),
+                        aggregate,
                         &format!("a parked message cannot be read back: {error}"),
                     )
                     .await
@@ -665,20 +735,45 @@ impl Consumer {
                 }
             };
             let envelope = parked.envelope;
-            let incoming = Incoming::from_envelope(&envelope, parked.attempts + 1);
-            let ready = match self.prepare(&incoming) {
+            if envelope.aggregate_version != position + 1 {
+                // Another instance drained it between the two transactions.
+                continue;
+            }
+            let incoming = Incoming::from_envelope(&envelope, parked.attempts);
+            if parked.attempts > self.inner.config.retry.max_attempts {
+                let reason = format!(
+                    "the handler was started {} times on this parked message without an outcome",
+                    parked.attempts - 1
+                );
+                self.unpark_into_letter(
+                    &mut tx,
+                    LetterKind::DeadLettered,
+                    &incoming,
+                    &envelope,
+                    &reason,
+                )
+                .await?;
+                tx.commit()
+                    .await
+                    .map_err(self.db_error("committing a dead letter"))?;
+                self.record(&Outcome::DeadLettered { reason });
+                return Ok(applied);
+            }
+            let result = match self.prepare(&incoming) {
                 Prepared::Ready {
                     dispatch, decoded, ..
-                } => Ok((dispatch, decoded)),
-                Prepared::Unreadable { reason, .. } => Err(reason),
-                Prepared::Ignored => Err(format!(
-                    "consumer {name} no longer handles {}",
-                    envelope.event_type
-                )),
-            };
-            let (dispatch, decoded) = match ready {
-                Ok(ready) => ready,
-                Err(reason) => {
+                } => {
+                    match self
+                        .run_handler(dispatch, decoded, &envelope, incoming.attempt(), &mut tx)
+                        .await
+                    {
+                        Ok(()) => transaction_intact(&mut tx).await,
+                        failed => failed,
+                    }
+                }
+                // An event type this consumer skips: it only moves the position.
+                Prepared::Ignored { .. } => Ok(()),
+                Prepared::Unreadable { reason, .. } => {
                     self.unpark_into_letter(
                         &mut tx,
                         LetterKind::Quarantined,
@@ -694,13 +789,11 @@ impl Consumer {
                     return Ok(applied);
                 }
             };
-            let result = self
-                .run_handler(dispatch, decoded, &envelope, incoming.attempt(), &mut tx)
-                .await;
             match result {
                 Ok(()) => {
                     self.set_position(&mut tx, &envelope).await?;
-                    sql.unpark(&mut tx, name, envelope.id)
+                    // Also drops parked duplicates of this version.
+                    sql.unpark_through(&mut tx, name, aggregate, envelope.aggregate_version)
                         .await
                         .map_err(self.db_error("removing a parked message"))?;
                     tx.commit()
@@ -713,13 +806,22 @@ impl Consumer {
                 Err(error) => {
                     let _ = tx.rollback().await;
                     let mut tx = self.begin().await?;
-                    let attempts = sql
+                    // Under the position lock: another instance may have
+                    // applied it meanwhile (then the row is gone).
+                    sql.lock_position(&mut tx, name, aggregate_type, aggregate_id)
+                        .await
+                        .map_err(self.db_error("locking the aggregate position"))?;
+                    let still_parked = sql
                         .parked_failed(&mut tx, name, envelope.id, &error.to_string())
                         .await
-                        .map_err(self.db_error("counting a parked message's failure"))?;
-                    if error.is_permanent() || attempts >= self.inner.config.retry.max_attempts {
+                        .map_err(self.db_error("recording a parked message's failure"))?;
+                    if still_parked
+                        && (error.is_permanent()
+                            || parked.attempts >= self.inner.config.retry.max_attempts)
+                    {
                         let reason = format!(
-                            "handler failed on {attempts} attempts (parked message); last error: {error}"
+                            "handler failed on {} attempts (parked message); last error: {error}",
+                            parked.attempts
                         );
                         self.unpark_into_letter(
                             &mut tx,
@@ -736,7 +838,7 @@ impl Consumer {
                     } else {
                         tx.commit()
                             .await
-                            .map_err(self.db_error("committing a failure count"))?;
+                            .map_err(self.db_error("committing a failure"))?;
                     }
                     return Ok(applied);
                 }
@@ -764,8 +866,9 @@ impl Consumer {
     /// Strict ordering: applies parked messages whose predecessor has
     /// arrived (after a crash between a commit and its drain), and moves the
     /// parked messages of aggregates that waited longer than the park
-    /// timeout to the dead letters, with the missing version in the reason.
-    /// The consumer's task runs it every `sweep_interval`.
+    /// timeout for a missing version to the dead letters, naming it. One
+    /// aggregate's failure does not stop the others. The consumer's task
+    /// runs it every `sweep_interval`.
     pub async fn sweep(&self) -> Result<SweepReport, ConsumerError> {
         let Ordering::Strict { park_timeout } = self.inner.config.ordering else {
             return Ok(SweepReport::default());
@@ -773,59 +876,131 @@ impl Consumer {
         let sql = &self.inner.sql;
         let name = &*self.inner.name;
         let mut report = SweepReport::default();
-        let ready = {
+        let (ready, expired) = {
             let mut conn = self
                 .inner
                 .pool
                 .acquire()
                 .await
                 .map_err(self.db_error("acquiring a connection"))?;
-            sql.ready_parked(&mut conn, name)
+            let ready = sql
+                .ready_parked(&mut conn, name)
                 .await
-                .map_err(self.db_error("finding ready parked messages"))?
+                .map_err(self.db_error("finding ready parked messages"))?;
+            let expired = sql
+                .expired_parked(&mut conn, name, park_timeout.as_secs_f64())
+                .await
+                .map_err(self.db_error("finding expired parked messages"))?;
+            (ready, expired)
         };
         for (aggregate_type, aggregate_id) in ready {
-            report.applied += self.drain(&aggregate_type, &aggregate_id).await?;
-        }
-        let expired = {
-            let mut conn = self
-                .inner
-                .pool
-                .acquire()
-                .await
-                .map_err(self.db_error("acquiring a connection"))?;
-            sql.expired_parked(&mut conn, name, park_timeout.as_secs_f64())
-                .await
-                .map_err(self.db_error("finding expired parked messages"))?
-        };
-        for (aggregate_type, aggregate_id, _, _) in expired {
-            let mut tx = self.begin().await?;
-            // Under the position lock, so no drain runs at the same time.
-            let position = sql
-                .lock_position(&mut tx, name, &aggregate_type, &aggregate_id)
-                .await
-                .map_err(self.db_error("locking the aggregate position"))?;
-            let reason = format!(
-                "strict ordering: version {} of {aggregate_type}/{aggregate_id} did not arrive within {park_timeout:?} (position {position}); the later versions waited for it",
-                position + 1
-            );
-            let moved = sql
-                .dead_letter_parked(&mut tx, name, (&aggregate_type, &aggregate_id), &reason)
-                .await
-                .map_err(self.db_error("dead-lettering parked messages"))?;
-            tx.commit()
-                .await
-                .map_err(self.db_error("committing dead letters"))?;
-            if moved > 0 {
-                tracing::warn!(consumer = %name, aggregate_type, aggregate_id, moved, "parked messages expired");
-                metrics::counter!(m::CONSUMER_DEAD_LETTERED, "consumer" => name.to_owned())
-                    .increment(moved);
-                metrics::counter!(m::CONSUMER_MESSAGES, "consumer" => name.to_owned(), "outcome" => "dead_lettered")
-                    .increment(moved);
+            match self.drain(&aggregate_type, &aggregate_id).await {
+                Ok(applied) => report.applied += applied,
+                Err(error) => {
+                    tracing::warn!(consumer = %name, aggregate_type, aggregate_id, %error, "draining parked messages failed")
+                }
             }
-            report.dead_lettered += moved;
+        }
+        for (aggregate_type, aggregate_id, _, _) in expired {
+            match self
+                .expire(&aggregate_type, &aggregate_id, park_timeout)
+                .await
+            {
+                Ok(moved) => report.dead_lettered += moved,
+                Err(error) => {
+                    tracing::warn!(consumer = %name, aggregate_type, aggregate_id, %error, "expiring parked messages failed")
+                }
+            }
         }
         Ok(report)
+    }
+
+    /// Moves an aggregate's parked messages to the dead letters when, under
+    /// its position lock, the next version is still missing and the oldest
+    /// parked message is still past the timeout.
+    async fn expire(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        park_timeout: std::time::Duration,
+    ) -> Result<u64, ConsumerError> {
+        let sql = &self.inner.sql;
+        let name = &*self.inner.name;
+        let mut tx = self.begin().await?;
+        let position = sql
+            .lock_position(&mut tx, name, aggregate_type, aggregate_id)
+            .await
+            .map_err(self.db_error("locking the aggregate position"))?;
+        let reason = format!(
+            "strict ordering: version {} of {aggregate_type}/{aggregate_id} did not arrive within {park_timeout:?} (position {position}); the later versions waited for it",
+            position + 1
+        );
+        let moved = sql
+            .expire_parked(
+                &mut tx,
+                name,
+                (aggregate_type, aggregate_id),
+                position,
+                park_timeout.as_secs_f64(),
+                &reason,
+            )
+            .await
+            .map_err(self.db_error("dead-lettering parked messages"))?;
+        tx.commit()
+            .await
+            .map_err(self.db_error("committing dead letters"))?;
+        if moved > 0 {
+            tracing::warn!(consumer = %name, aggregate_type, aggregate_id, moved, "parked messages expired");
+            metrics::counter!(m::CONSUMER_DEAD_LETTERED, "consumer" => name.to_owned())
+                .increment(moved);
+            metrics::counter!(m::CONSUMER_MESSAGES, "consumer" => name.to_owned(), "outcome" => "dead_lettered")
+                .increment(moved);
+        }
+        Ok(moved)
+    }
+
+    /// A message of an event type this consumer skips: under strict
+    /// ordering it still moves the aggregate's position (versions count
+    /// across all event types of an aggregate), otherwise it is only
+    /// acknowledged.
+    async fn skip_one(&self, envelope: Envelope) -> Result<Outcome, ConsumerError> {
+        if !self.tracks(&envelope) {
+            return Ok(Outcome::Ignored);
+        }
+        let mut tx = self.begin().await?;
+        if !self.claim(&mut tx, envelope.id).await? {
+            return Ok(Outcome::Duplicate);
+        }
+        let outcome = match self.gate(&mut tx, &envelope).await? {
+            Gate::Stale(position) => Outcome::Stale { position },
+            Gate::Park(waiting_for) => {
+                self.park(&mut tx, &envelope).await?;
+                Outcome::Parked { waiting_for }
+            }
+            Gate::Go => {
+                self.set_position(&mut tx, &envelope).await?;
+                Outcome::Ignored
+            }
+        };
+        tx.commit()
+            .await
+            .map_err(self.db_error("committing a skipped message"))?;
+        if outcome == Outcome::Ignored {
+            self.drain_logged(&envelope.aggregate_type, &envelope.aggregate_id)
+                .await;
+        }
+        Ok(outcome)
+    }
+
+    /// Whether a skipped message still counts for ordering: strict, and of
+    /// an aggregate type this consumer handles.
+    fn tracks(&self, envelope: &Envelope) -> bool {
+        self.is_strict()
+            && self
+                .inner
+                .handlers
+                .values()
+                .any(|h| h.aggregate_type() == envelope.aggregate_type)
     }
 
     fn record_lag(&self, envelope: &Envelope) {
@@ -868,4 +1043,49 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     } else {
         "a non-string panic payload".to_owned()
     }
+}
+
+/// A handler that caught a statement error and returned `Ok` leaves the
+/// transaction failed; PostgreSQL would turn the COMMIT into a silent
+/// ROLLBACK and the message would be acknowledged without its effect. One
+/// trivial statement finds out (sqlx does not expose the server's
+/// transaction status).
+async fn transaction_intact(tx: &mut PgConnection) -> Result<(), HandlerError> {
+    match sqlx::query("SELECT 1").execute(&mut *tx).await {
+        Ok(_) => Ok(()),
+        Err(error)
+            if error
+                .as_database_error()
+                .and_then(|e| e.code())
+                .is_some_and(|code| code == "25P02") =>
+        {
+            Err(HandlerError::retryable(
+                "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back",
+            ))
+        }
+        Err(error) => Err(HandlerError::retryable(error)),
+    }
+}
+
+/// PostgreSQL text and jsonb cannot hold NUL characters; a message that
+/// carries one in an attribute or as `\u0000` in its payload is refused
+/// before any statement would fail on it.
+fn unstorable(incoming: &Incoming) -> Option<String> {
+    if let Some((name, _)) = incoming
+        .attributes()
+        .iter()
+        .find(|(name, value)| name.contains('\0') || value.contains('\0'))
+    {
+        return Some(format!(
+            "attribute {:?} contains a NUL character, which PostgreSQL text cannot store",
+            name.replace('\0', "\\0")
+        ));
+    }
+    let payload = incoming.payload();
+    if payload.contains(&0) || payload.windows(6).any(|w| w == b"\\u0000") {
+        return Some(
+            "the payload contains a NUL character, which PostgreSQL jsonb cannot store".into(),
+        );
+    }
+    None
 }

@@ -14,11 +14,22 @@ use super::source::{Delivery, MessageSource};
 use crate::metrics as m;
 use crate::relay::DrainTimeout;
 
-/// A running consumer loop.
+/// A running consumer loop. Dropping it aborts the loop (its uncommitted
+/// message is delivered again); call [`ConsumerTask::drain`] to stop it
+/// cleanly.
 #[derive(Debug)]
+#[must_use = "dropping a ConsumerTask aborts the consumer loop"]
 pub struct ConsumerTask {
     shutdown: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for ConsumerTask {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 impl Consumer {
@@ -29,7 +40,10 @@ impl Consumer {
     pub fn spawn<S: MessageSource>(&self, source: S) -> ConsumerTask {
         let (shutdown, receiver) = watch::channel(false);
         let task = tokio::spawn(run(self.clone(), source, receiver));
-        ConsumerTask { shutdown, task }
+        ConsumerTask {
+            shutdown,
+            task: Some(task),
+        }
     }
 }
 
@@ -41,21 +55,27 @@ impl ConsumerTask {
 
     /// Whether the loop has ended (stopped, source closed, or panicked).
     pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
     /// Waits for the loop to end by itself (the source closed); an error
     /// when it panicked.
-    pub async fn join(self) -> Result<(), tokio::task::JoinError> {
-        self.task.await
+    pub async fn join(mut self) -> Result<(), tokio::task::JoinError> {
+        match self.task.take() {
+            Some(task) => task.await,
+            None => Ok(()),
+        }
     }
 
     /// Stops and waits up to `timeout`; aborts the loop after that (its
     /// uncommitted message is delivered again).
-    pub async fn drain(self, timeout: Duration) -> Result<(), DrainTimeout> {
+    pub async fn drain(mut self, timeout: Duration) -> Result<(), DrainTimeout> {
         self.stop();
-        let abort = self.task.abort_handle();
-        match tokio::time::timeout(timeout, self.task).await {
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        let abort = task.abort_handle();
+        match tokio::time::timeout(timeout, task).await {
             Ok(_) => Ok(()),
             Err(_) => {
                 abort.abort();
@@ -86,7 +106,12 @@ async fn run<S: MessageSource>(
         }
         tokio::select! {
             biased;
-            _ = shutdown.changed() => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    // The handle is gone: nobody can stop us any more.
+                    break;
+                }
+            }
             _ = sweep.tick(), if strict => {
                 if let Err(error) = consumer.sweep().await {
                     tracing::warn!(consumer = %name, %error, "sweep of parked messages failed");
@@ -143,6 +168,6 @@ async fn settle<D: Delivery>(consumer: &Consumer, batch: Vec<D>, error_backoff: 
 async fn pause(shutdown: &mut watch::Receiver<bool>, delay: Duration) {
     tokio::select! {
         _ = shutdown.changed() => {}
-        _ = tokio::time::sleep(delay) => {}
+        () = tokio::time::sleep(delay) => {}
     }
 }

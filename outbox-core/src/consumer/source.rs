@@ -6,10 +6,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::mpsc;
 
 use super::incoming::Incoming;
 use crate::envelope::Envelope;
@@ -60,14 +60,41 @@ impl ChannelStats {
     }
 }
 
+/// What the halves of an in-memory source share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Live [`ChannelSender`]s.
+    senders: AtomicUsize,
+    /// Retries waiting for their delay.
+    pending_retries: AtomicUsize,
+    stats: ChannelStats,
+}
+
 /// The sending half of an in-memory source.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ChannelSender {
     sender: mpsc::UnboundedSender<Incoming>,
+    shared: Arc<Shared>,
+}
+
+impl Clone for ChannelSender {
+    fn clone(&self) -> Self {
+        self.shared.senders.fetch_add(1, Ordering::SeqCst);
+        ChannelSender {
+            sender: self.sender.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl Drop for ChannelSender {
+    fn drop(&mut self) {
+        self.shared.senders.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl ChannelSender {
-    /// Delivers `envelope` (first attempt). Fails when the source is gone.
+    /// Delivers `envelope` (first attempt).
     pub fn send(&self, envelope: &Envelope) -> Result<(), SourceError> {
         self.send_incoming(Incoming::from_envelope(envelope, 1))
     }
@@ -76,35 +103,56 @@ impl ChannelSender {
     pub fn send_incoming(&self, incoming: Incoming) -> Result<(), SourceError> {
         self.sender
             .send(incoming)
-            .map_err(|_| SourceError("the channel source is closed".into()))
+            .map_err(|_| SourceError("the channel source is gone".into()))
     }
 }
 
 /// An in-memory source: what is sent is delivered; a retry is delivered
-/// again after its delay with the next attempt number. Closed when every
-/// sender and every pending retry is gone.
+/// again after its delay with the next attempt number. It closes (an empty
+/// batch) once every sender is dropped, the queue is empty and no retry is
+/// waiting, so a retry is never lost to a closed channel.
 #[derive(Debug)]
 pub struct ChannelSource {
-    receiver: Arc<Mutex<mpsc::UnboundedReceiver<Incoming>>>,
-    sender: mpsc::WeakUnboundedSender<Incoming>,
-    stats: Arc<ChannelStats>,
+    receiver: mpsc::UnboundedReceiver<Incoming>,
+    /// Kept for retries, so the queue outlives the senders.
+    requeue: mpsc::UnboundedSender<Incoming>,
+    shared: Arc<Shared>,
 }
 
 /// Creates an in-memory source and its sender.
 pub fn channel() -> (ChannelSender, ChannelSource) {
     let (sender, receiver) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared::default());
+    shared.senders.store(1, Ordering::SeqCst);
     let source = ChannelSource {
-        receiver: Arc::new(Mutex::new(receiver)),
-        sender: sender.downgrade(),
-        stats: Arc::default(),
+        receiver,
+        requeue: sender.clone(),
+        shared: Arc::clone(&shared),
     };
-    (ChannelSender { sender }, source)
+    (ChannelSender { sender, shared }, source)
 }
 
 impl ChannelSource {
     /// What this source settled so far.
-    pub fn stats(&self) -> Arc<ChannelStats> {
-        Arc::clone(&self.stats)
+    pub fn stats(&self) -> ChannelStatsHandle {
+        ChannelStatsHandle(Arc::clone(&self.shared))
+    }
+
+    fn closed(&self) -> bool {
+        self.shared.senders.load(Ordering::SeqCst) == 0
+            && self.shared.pending_retries.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// A view of a channel source's [`ChannelStats`] that outlives the source.
+#[derive(Debug, Clone)]
+pub struct ChannelStatsHandle(Arc<Shared>);
+
+impl std::ops::Deref for ChannelStatsHandle {
+    type Target = ChannelStats;
+
+    fn deref(&self) -> &ChannelStats {
+        &self.0.stats
     }
 }
 
@@ -112,8 +160,8 @@ impl ChannelSource {
 #[derive(Debug)]
 pub struct ChannelDelivery {
     incoming: Incoming,
-    sender: Option<mpsc::UnboundedSender<Incoming>>,
-    stats: Arc<ChannelStats>,
+    requeue: mpsc::UnboundedSender<Incoming>,
+    shared: Arc<Shared>,
 }
 
 impl Delivery for ChannelDelivery {
@@ -122,24 +170,25 @@ impl Delivery for ChannelDelivery {
     }
 
     async fn ack(self) -> Result<(), SourceError> {
-        self.stats.acked.fetch_add(1, Ordering::Relaxed);
+        self.shared.stats.acked.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     async fn retry_later(self, delay: Duration) -> Result<(), SourceError> {
-        self.stats.retried.fetch_add(1, Ordering::Relaxed);
-        let Some(sender) = self.sender else {
-            return Err(SourceError("the channel source is closed".into()));
-        };
-        let incoming = self.incoming;
+        self.shared.stats.retried.fetch_add(1, Ordering::Relaxed);
+        self.shared.pending_retries.fetch_add(1, Ordering::SeqCst);
         let again = Incoming::new(
-            incoming.attributes().to_vec(),
-            incoming.payload().to_vec(),
-            incoming.attempt() + 1,
+            self.incoming.attributes().to_vec(),
+            self.incoming.payload().to_vec(),
+            self.incoming.attempt() + 1,
         );
+        let (requeue, shared) = (self.requeue, self.shared);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let _ = sender.send(again);
+            // The source may be gone (the consumer stopped); then so is the
+            // point of delivering.
+            let _ = requeue.send(again);
+            shared.pending_retries.fetch_sub(1, Ordering::SeqCst);
         });
         Ok(())
     }
@@ -149,14 +198,28 @@ impl MessageSource for ChannelSource {
     type Delivery = ChannelDelivery;
 
     async fn next_batch(&mut self, max: usize) -> Result<Vec<ChannelDelivery>, SourceError> {
-        let mut receiver = self.receiver.lock().await;
-        let mut batch = Vec::new();
-        match receiver.recv().await {
-            Some(first) => batch.push(first),
-            None => return Ok(Vec::new()),
-        }
+        let first = loop {
+            if let Ok(incoming) = self.receiver.try_recv() {
+                break incoming;
+            }
+            if self.closed() {
+                // A retry may have been queued between the two checks.
+                match self.receiver.try_recv() {
+                    Ok(incoming) => break incoming,
+                    Err(_) => return Ok(Vec::new()),
+                }
+            }
+            // Wake up for a message, or now and then to see whether the
+            // source has closed.
+            if let Ok(Some(incoming)) =
+                tokio::time::timeout(Duration::from_millis(50), self.receiver.recv()).await
+            {
+                break incoming;
+            }
+        };
+        let mut batch = vec![first];
         while batch.len() < max {
-            match receiver.try_recv() {
+            match self.receiver.try_recv() {
                 Ok(next) => batch.push(next),
                 Err(_) => break,
             }
@@ -165,8 +228,8 @@ impl MessageSource for ChannelSource {
             .into_iter()
             .map(|incoming| ChannelDelivery {
                 incoming,
-                sender: self.sender.upgrade(),
-                stats: Arc::clone(&self.stats),
+                requeue: self.requeue.clone(),
+                shared: Arc::clone(&self.shared),
             })
             .collect())
     }

@@ -57,12 +57,14 @@ pub(crate) struct ConsumerSql {
     lock_position: String,
     set_position: String,
     park: String,
-    next_parked: String,
+    start_parked: String,
     unpark: String,
+    unpark_through: String,
     parked_failed: String,
     ready_parked: String,
     expired_parked: String,
     dead_letter_parked: String,
+    expire_parked: String,
     letter: String,
 }
 
@@ -122,17 +124,29 @@ impl ConsumerSql {
                  VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT DO NOTHING"
             ),
-            next_parked: format!(
-                "SELECT envelope, attempts FROM {s}.outbox_consumer_parked
-                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
-                   AND aggregate_version = $4
-                 ORDER BY parked_at LIMIT 1"
+            // Takes the parked message with the next version and counts
+            // its start (committed before the handler runs).
+            start_parked: format!(
+                "UPDATE {s}.outbox_consumer_parked SET attempts = attempts + 1
+                 WHERE consumer_name = $1 AND event_id = (
+                     SELECT event_id FROM {s}.outbox_consumer_parked
+                     WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                       AND aggregate_version = $4
+                     ORDER BY parked_at LIMIT 1)
+                 RETURNING envelope, attempts"
             ),
             unpark: format!(
                 "DELETE FROM {s}.outbox_consumer_parked WHERE consumer_name = $1 AND event_id = $2"
             ),
+            // After applying version $4: it and any parked duplicates of
+            // versions up to it are done.
+            unpark_through: format!(
+                "DELETE FROM {s}.outbox_consumer_parked
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                   AND aggregate_version <= $4"
+            ),
             parked_failed: format!(
-                "UPDATE {s}.outbox_consumer_parked SET attempts = attempts + 1, last_error = $3
+                "UPDATE {s}.outbox_consumer_parked SET last_error = $3
                  WHERE consumer_name = $1 AND event_id = $2 RETURNING attempts"
             ),
             // Aggregates whose next version is parked (a crash between a
@@ -173,6 +187,31 @@ impl ConsumerSql {
                         (envelope->>'schema_version')::int, aggregate_type, aggregate_id,
                         aggregate_version, '{{}}'::jsonb,
                         convert_to((envelope->'payload')::text, 'UTF8'), $4, attempts
+                 FROM gone ORDER BY aggregate_version"
+            ),
+            // Dead-letters the aggregate's parked messages only if, under
+            // the position lock, the next version ($4 + 1) is still not
+            // parked and the oldest parked message is past the timeout ($5 s).
+            expire_parked: format!(
+                "WITH due AS (
+                    SELECT 1 FROM {s}.outbox_consumer_parked
+                    WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                    HAVING min(parked_at) < now() - make_interval(secs => $5)
+                       AND NOT bool_or(aggregate_version = $4 + 1)
+                 ),
+                 gone AS (
+                    DELETE FROM {s}.outbox_consumer_parked
+                    WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                      AND EXISTS (SELECT 1 FROM due)
+                    RETURNING *
+                 )
+                 INSERT INTO {s}.outbox_dead_letters
+                    (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
+                     aggregate_id, aggregate_version, headers, payload, reason, attempts)
+                 SELECT $1, 'dead_lettered', event_id, envelope->>'event_type',
+                        (envelope->>'schema_version')::int, aggregate_type, aggregate_id,
+                        aggregate_version, '{{}}'::jsonb,
+                        convert_to((envelope->'payload')::text, 'UTF8'), $6, attempts
                  FROM gone ORDER BY aggregate_version"
             ),
             letter: format!(
@@ -316,15 +355,16 @@ impl ConsumerSql {
         Ok(())
     }
 
-    /// Strict: the parked message with `version` of an aggregate, if any.
-    pub(crate) async fn next_parked(
+    /// Strict: takes the parked message with `version` of an aggregate, if
+    /// any, and counts its start.
+    pub(crate) async fn start_parked(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         aggregate: (&str, &str),
         version: i64,
     ) -> sqlx::Result<Option<Result<ParkedMessage, serde_json::Error>>> {
-        let row = sqlx::query(AssertSqlSafe(self.next_parked.as_str()))
+        let row = sqlx::query(AssertSqlSafe(self.start_parked.as_str()))
             .bind(consumer)
             .bind(aggregate.0)
             .bind(aggregate.1)
@@ -336,9 +376,50 @@ impl ConsumerSql {
             let attempts: i32 = row.get("attempts");
             serde_json::from_value(json).map(|envelope| ParkedMessage {
                 envelope,
-                attempts: attempts.max(0) as u32,
+                attempts: attempts.max(1) as u32,
             })
         }))
+    }
+
+    /// Strict: removes the parked messages of an aggregate up to `version`.
+    pub(crate) async fn unpark_through(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        version: i64,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.unpark_through.as_str()))
+            .bind(consumer)
+            .bind(aggregate.0)
+            .bind(aggregate.1)
+            .bind(version)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Strict: moves an aggregate's parked messages to the dead letters if
+    /// it still waits for `position + 1` past the timeout; returns how many.
+    pub(crate) async fn expire_parked(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        position: i64,
+        timeout_secs: f64,
+        reason: &str,
+    ) -> sqlx::Result<u64> {
+        let done = sqlx::query(AssertSqlSafe(self.expire_parked.as_str()))
+            .bind(consumer)
+            .bind(aggregate.0)
+            .bind(aggregate.1)
+            .bind(position)
+            .bind(timeout_secs)
+            .bind(reason)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// Strict: removes a parked message once handled.
@@ -356,22 +437,22 @@ impl ConsumerSql {
         Ok(())
     }
 
-    /// Strict: counts a failed attempt on a parked message; returns the
-    /// attempts so far.
+    /// Strict: records the last error of a parked message; false when the
+    /// message is no longer parked (another instance applied it).
     pub(crate) async fn parked_failed(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         event_id: Uuid,
         error: &str,
-    ) -> sqlx::Result<u32> {
+    ) -> sqlx::Result<bool> {
         let attempts: Option<i32> = sqlx::query_scalar(AssertSqlSafe(self.parked_failed.as_str()))
             .bind(consumer)
             .bind(event_id)
             .bind(error)
             .fetch_optional(conn)
             .await?;
-        Ok(attempts.unwrap_or(0).max(0) as u32)
+        Ok(attempts.is_some())
     }
 
     /// Strict: aggregates whose next version waits in the parked table.
@@ -448,7 +529,7 @@ impl ConsumerSql {
             .bind(letter.kind.as_str())
             .bind(envelope.map(|e| e.id))
             .bind(envelope.map(|e| e.event_type.as_str()))
-            .bind(envelope.map(|e| e.schema_version as i32))
+            .bind(envelope.and_then(|e| i32::try_from(e.schema_version).ok()))
             .bind(envelope.map(|e| e.aggregate_type.as_str()))
             .bind(envelope.map(|e| e.aggregate_id.as_str()))
             .bind(envelope.map(|e| e.aggregate_version))

@@ -23,8 +23,11 @@ pub struct JetStreamSourceConfig {
     /// The subject filter (empty: the whole stream).
     pub filter_subject: String,
     /// How long JetStream waits for an ack before delivering again. Must
-    /// exceed the handler timeout plus a commit.
+    /// exceed the time a message can wait in the client plus its handling.
     pub ack_wait: Duration,
+    /// Messages pulled ahead per request (their ack clocks run while they
+    /// wait in the client).
+    pub pull_batch: usize,
     /// Deliveries after which JetStream gives up on a message (`-1`:
     /// never, the default from [`for_consumer`](Self::for_consumer)). The
     /// consumer bounds handler runs itself (max attempts, with handler
@@ -38,20 +41,26 @@ pub struct JetStreamSourceConfig {
 
 impl JetStreamSourceConfig {
     /// Settings aligned with `consumer`: durable name = consumer name,
-    /// a filter covering its event types, ack wait = handler timeout +
-    /// 10 s, no delivery limit.
+    /// a filter covering its event types, pulls of one batch (twice the
+    /// consumer's batch size, at least 10), ack wait = twice the handler
+    /// timeout + 10 s (a failing batch runs twice: together, then one by
+    /// one; raise it for batches of slow handlers, or a slow batch is
+    /// redelivered while it runs, harmless for the database but not for
+    /// external calls), no delivery limit.
     pub fn for_consumer(consumer: &Consumer, nats: NatsConfig) -> Result<Self, ConfigError> {
         let template = SubjectTemplate::new(&nats.subject_template)?;
         let subjects: Vec<String> = consumer
-            .event_types()
+            .subscribed_types()
             .into_iter()
             .map(|(aggregate_type, event_type)| template.filter_for(aggregate_type, event_type))
             .collect();
         let retry = consumer.config().retry;
+        let batch = consumer.config().batch_size.max(1);
         Ok(JetStreamSourceConfig {
             filter_subject: common_filter(&subjects, &template.stream_subject()),
             durable: consumer.name().to_owned(),
-            ack_wait: retry.handler_timeout + Duration::from_secs(10),
+            ack_wait: retry.handler_timeout * 2 + Duration::from_secs(10),
+            pull_batch: (batch * 2).max(10),
             max_deliver: -1,
             max_ack_pending: 1000,
             nats,
@@ -141,6 +150,9 @@ impl JetStreamSource {
             .await
             .map_err(|e| stream_error(format!("cannot create consumer {}: {e}", config.durable)))?;
         let messages = consumer
+            .stream()
+            .max_messages_per_batch(config.pull_batch.max(1))
+            .heartbeat(Duration::from_secs(5))
             .messages()
             .await
             .map_err(|e| stream_error(format!("cannot pull from {}: {e}", config.durable)))?;
