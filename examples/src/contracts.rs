@@ -91,7 +91,7 @@ pub struct OrderShipped {
     pub carrier: String,
     /// The carrier's tracking number, when known.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub tracking_number: Option<u64>,
+    pub tracking_number: Option<String>,
     /// When the parcel left.
     pub shipped_at: DateTime<Utc>,
 }

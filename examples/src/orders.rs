@@ -116,7 +116,7 @@ impl OrderService {
         let event = OrderShipped {
             order_id,
             carrier: carrier.to_owned(),
-            tracking_number: Some(42),
+            tracking_number: Some(format!("TRK-{}", &order_id.simple().to_string()[..8])),
             shipped_at: chrono::Utc::now(),
         };
         self.outbox.emit(&mut tx, &event).await?;
