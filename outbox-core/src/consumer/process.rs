@@ -745,18 +745,8 @@ impl Consumer {
                     "the handler was started {} times on this parked message without an outcome",
                     parked.attempts - 1
                 );
-                self.unpark_into_letter(
-                    &mut tx,
-                    LetterKind::DeadLettered,
-                    &incoming,
-                    &envelope,
-                    &reason,
-                )
-                .await?;
-                tx.commit()
-                    .await
-                    .map_err(self.db_error("committing a dead letter"))?;
-                self.record(&Outcome::DeadLettered { reason });
+                self.settle_parked(tx, LetterKind::DeadLettered, &incoming, &envelope, reason)
+                    .await?;
                 return Ok(applied);
             }
             let result = match self.prepare(&incoming) {
@@ -774,18 +764,8 @@ impl Consumer {
                 // An event type this consumer skips: it only moves the position.
                 Prepared::Ignored { .. } => Ok(()),
                 Prepared::Unreadable { reason, .. } => {
-                    self.unpark_into_letter(
-                        &mut tx,
-                        LetterKind::Quarantined,
-                        &incoming,
-                        &envelope,
-                        &reason,
-                    )
-                    .await?;
-                    tx.commit()
-                        .await
-                        .map_err(self.db_error("committing a quarantine row"))?;
-                    self.record(&Outcome::Quarantined { reason });
+                    self.settle_parked(tx, LetterKind::Quarantined, &incoming, &envelope, reason)
+                        .await?;
                     return Ok(applied);
                 }
             };
@@ -823,18 +803,14 @@ impl Consumer {
                             "handler failed on {} attempts (parked message); last error: {error}",
                             parked.attempts
                         );
-                        self.unpark_into_letter(
-                            &mut tx,
+                        self.settle_parked(
+                            tx,
                             LetterKind::DeadLettered,
                             &incoming,
                             &envelope,
-                            &reason,
+                            reason,
                         )
                         .await?;
-                        tx.commit()
-                            .await
-                            .map_err(self.db_error("committing a dead letter"))?;
-                        self.record(&Outcome::DeadLettered { reason });
                     } else {
                         tx.commit()
                             .await
@@ -844,6 +820,28 @@ impl Consumer {
                 }
             }
         }
+    }
+
+    /// Moves a parked message to the quarantine or the dead letters,
+    /// commits, and counts it.
+    async fn settle_parked(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        kind: LetterKind,
+        incoming: &Incoming,
+        envelope: &Envelope,
+        reason: String,
+    ) -> Result<(), ConsumerError> {
+        self.unpark_into_letter(&mut tx, kind, incoming, envelope, &reason)
+            .await?;
+        tx.commit()
+            .await
+            .map_err(self.db_error("committing a quarantine or dead-letter row"))?;
+        self.record(&match kind {
+            LetterKind::Quarantined => Outcome::Quarantined { reason },
+            LetterKind::DeadLettered => Outcome::DeadLettered { reason },
+        });
+        Ok(())
     }
 
     async fn unpark_into_letter(
