@@ -282,6 +282,10 @@ impl ConsumerBuilder {
         Ok(Consumer {
             inner: Arc::new(Inner {
                 sql: ConsumerSql::new(&schema),
+                begin_sql: format!(
+                    "BEGIN; SET LOCAL statement_timeout = {}",
+                    self.config.retry.handler_timeout.as_millis().max(1)
+                ),
                 schema,
                 pool,
                 name,

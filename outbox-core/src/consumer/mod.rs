@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub(crate) pool: PgPool,
     pub(crate) schema: SchemaName,
     pub(crate) sql: ConsumerSql,
+    /// `BEGIN` with the statement timeout of the handler timeout.
+    pub(crate) begin_sql: String,
     pub(crate) handlers: HashMap<&'static str, Box<dyn Dispatch>>,
     pub(crate) ignored: BTreeSet<String>,
     /// Strict only: (aggregate type, event type) of ignored types that still

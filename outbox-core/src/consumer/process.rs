@@ -85,10 +85,14 @@ impl Consumer {
         }
     }
 
+    /// Begins a transaction whose statements PostgreSQL cancels after the
+    /// handler timeout (same round trip as BEGIN): a handler cut off by its
+    /// timeout does not leave a statement running, holding locks, while
+    /// the rollback waits for it.
     async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ConsumerError> {
         self.inner
             .pool
-            .begin()
+            .begin_with(sqlx::AssertSqlSafe(self.inner.begin_sql.clone()))
             .await
             .map_err(self.db_error("beginning a transaction"))
     }
