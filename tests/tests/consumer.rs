@@ -914,3 +914,50 @@ async fn a_panicking_upcaster_or_a_nul_character_quarantines_the_message() {
     assert_eq!(letters(&db, name).await.len(), 3);
     db.drop_schema().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_batches_on_two_instances_wait_for_each_other_instead_of_deadlocking() {
+    let db = setup().await;
+    let name = "batch-overlap";
+    let config = ConsumerConfig {
+        batch_size: 10,
+        ordering: Ordering::RejectStale,
+        ..ConsumerConfig::default()
+    };
+    // Handlers hold their transaction, so the two batches overlap.
+    let first = tick_consumer(&db, name, config.clone(), Duration::from_millis(200), &[]);
+    let second = tick_consumer(&db, name, config, Duration::from_millis(200), &[]);
+    let forward = vec![
+        Incoming::from_envelope(&tick("x", 1), 1),
+        Incoming::from_envelope(&tick("y", 1), 1),
+    ];
+    let backward = vec![
+        Incoming::from_envelope(&tick("y", 2), 1),
+        Incoming::from_envelope(&tick("x", 2), 1),
+    ];
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let run = |consumer: Consumer, batch: Vec<Incoming>, barrier: Arc<tokio::sync::Barrier>| {
+        tokio::spawn(async move {
+            barrier.wait().await;
+            consumer.handle_batch(&batch).await
+        })
+    };
+    let a = run(first, forward, Arc::clone(&barrier));
+    let b = run(second, backward, Arc::clone(&barrier));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let a = a.expect("no deadlock for the first batch");
+    let b = b.expect("no deadlock for the second batch");
+    assert!(
+        a.iter()
+            .chain(&b)
+            .all(|o| matches!(o, Outcome::Applied | Outcome::Stale { .. }))
+    );
+    assert_eq!(
+        effects(&db, name).await.len() as usize,
+        a.iter()
+            .chain(&b)
+            .filter(|o| **o == Outcome::Applied)
+            .count()
+    );
+    db.drop_schema().await;
+}

@@ -159,6 +159,24 @@ impl Consumer {
             .filter_map(Prepared::event_id)
             .collect();
         let mut tx = self.begin().await?;
+        if self.inner.config.ordering != Ordering::Unordered {
+            let mut aggregates: Vec<(String, String)> = prepared
+                .iter()
+                .filter_map(|p| match p {
+                    Prepared::Ready { envelope, .. } => Some(envelope),
+                    Prepared::Ignored { envelope } if self.tracks(envelope) => Some(envelope),
+                    _ => None,
+                })
+                .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
+                .collect();
+            aggregates.sort_unstable();
+            aggregates.dedup();
+            self.inner
+                .sql
+                .lock_positions(&mut tx, &self.inner.name, &aggregates)
+                .await
+                .map_err(self.db_error("locking the batch's aggregate positions"))?;
+        }
         let mut fresh: HashSet<Uuid> = self
             .inner
             .sql

@@ -53,6 +53,7 @@ pub(crate) struct ConsumerSql {
     forget_starts: String,
     inbox_one: String,
     inbox_many: String,
+    lock_positions: String,
     advance_if_newer: String,
     lock_position: String,
     set_position: String,
@@ -90,8 +91,19 @@ impl ConsumerSql {
             ),
             inbox_many: format!(
                 "INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
-                 SELECT $1, id FROM unnest($2::uuid[]) AS t(id)
+                 SELECT $1, id FROM unnest($2::uuid[]) AS t(id) ORDER BY id
                  ON CONFLICT DO NOTHING RETURNING event_id"
+            ),
+            // Batch mode: locks the position rows of all the batch's
+            // aggregates in one sorted pass, so two instances with
+            // overlapping batches wait for each other instead of deadlocking.
+            lock_positions: format!(
+                "INSERT INTO {s}.outbox_consumer_positions AS p
+                    (consumer_name, aggregate_type, aggregate_id, version)
+                 SELECT $1, t, i, 0 FROM unnest($2::text[], $3::text[]) AS u(t, i)
+                 ORDER BY t, i
+                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+                 DO UPDATE SET version = p.version"
             ),
             // RejectStale: one statement locks the position row and moves
             // it forward only when the message is newer; no row back means
@@ -282,6 +294,26 @@ impl ConsumerSql {
             .bind(event_ids)
             .fetch_all(conn)
             .await
+    }
+
+    /// Locks the positions of `aggregates` (sorted, distinct) in one statement.
+    pub(crate) async fn lock_positions(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregates: &[(String, String)],
+    ) -> sqlx::Result<()> {
+        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+            .iter()
+            .map(|(t, i)| (t.as_str(), i.as_str()))
+            .unzip();
+        sqlx::query(AssertSqlSafe(self.lock_positions.as_str()))
+            .bind(consumer)
+            .bind(types)
+            .bind(ids)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     /// RejectStale: moves the position to `version` when it is newer;
