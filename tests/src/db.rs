@@ -133,6 +133,12 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// How many outbox events are in the published state.
+    pub async fn published(&self) -> i64 {
+        self.scalar("SELECT count(*) FROM {s}.outbox_events WHERE status = 'published'")
+            .await
+    }
+
     /// Drops the schema (call at the end of a passing test; a failing test
     /// leaves it for inspection).
     pub async fn drop_schema(self) {

@@ -88,9 +88,7 @@ async fn article_test_8_a_million_event_backlog_drains_and_the_claim_does_not_gr
     .await;
     let drained_in = drain_started.elapsed();
     relay.drain(Duration::from_secs(10)).await.unwrap();
-    let published: i64 = db
-        .scalar("SELECT count(*) FROM {s}.outbox_events WHERE status = 'published'")
-        .await;
+    let published = db.published().await;
     assert_eq!(published, AGGREGATES * PER_AGGREGATE);
     assert_eq!(
         transport.count() as i64,

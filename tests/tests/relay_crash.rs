@@ -73,11 +73,7 @@ async fn crash_after_publish_then_recover(message_id: bool) -> (u64, Vec<String>
     wait::until(
         "every event marked published after the restart",
         Duration::from_secs(60),
-        || async {
-            db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_events WHERE status = 'published'")
-                .await as u64
-                == total
-        },
+        || async { db.published().await as u64 == total },
     )
     .await;
     relay.drain(Duration::from_secs(10)).await.unwrap();

@@ -48,11 +48,7 @@ async fn a_panic_between_publish_and_mark_republishes_and_jetstream_dedups() {
     wait::until(
         "all events published after the worker restarted",
         Duration::from_secs(30),
-        || async {
-            db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_events WHERE status = 'published'")
-                .await as u64
-                == total
-        },
+        || async { db.published().await as u64 == total },
     )
     .await;
     relay.drain(Duration::from_secs(10)).await.unwrap();

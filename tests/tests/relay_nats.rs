@@ -45,11 +45,6 @@ fn nats_config(server: &NatsServer) -> NatsConfig {
     }
 }
 
-async fn published(db: &TestDb) -> i64 {
-    db.scalar("SELECT count(*) FROM {s}.outbox_events WHERE status = 'published'")
-        .await
-}
-
 /// Per aggregate id, the versions in stream order.
 fn versions_in_stream(messages: &[StoredMessage]) -> HashMap<String, Vec<i64>> {
     let mut by_aggregate: HashMap<String, Vec<i64>> = HashMap::new();
@@ -91,7 +86,7 @@ async fn article_test_2_events_committed_while_the_broker_is_down_arrive_after_i
             >= 10
     })
     .await;
-    assert_eq!(published(&db).await, 0);
+    assert_eq!(db.published().await, 0);
     let last_error: String = db
         .scalar("SELECT last_error FROM {s}.outbox_events WHERE last_error IS NOT NULL LIMIT 1")
         .await;
@@ -101,7 +96,7 @@ async fn article_test_2_events_committed_while_the_broker_is_down_arrive_after_i
     wait::until(
         "every event published after the broker returned",
         Duration::from_secs(60),
-        || async { published(&db).await == total as i64 },
+        || async { db.published().await == total as i64 },
     )
     .await;
     relay.drain(Duration::from_secs(10)).await.unwrap();
@@ -156,7 +151,7 @@ async fn the_envelope_arrives_as_cloudevents_headers_with_the_payload_as_body() 
     .await
     .unwrap();
     wait::until("published", Duration::from_secs(20), || async {
-        published(&db).await == 1
+        db.published().await == 1
     })
     .await;
     relay.drain(Duration::from_secs(10)).await.unwrap();
@@ -227,7 +222,7 @@ async fn three_relays_over_20000_events_on_500_aggregates_keep_version_order_at_
     wait::until(
         "20,000 events published",
         Duration::from_secs(240),
-        || async { published(&db).await == total as i64 },
+        || async { db.published().await == total as i64 },
     )
     .await;
     for relay in relays {
@@ -298,7 +293,7 @@ async fn a_message_jetstream_refuses_retries_then_fails_while_other_aggregates_f
     wait::until(
         "the other aggregates published",
         Duration::from_secs(30),
-        || async { published(&db).await == 12 },
+        || async { db.published().await == 12 },
     )
     .await;
     relay.drain(Duration::from_secs(10)).await.unwrap();

@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::Utc;
@@ -195,21 +196,14 @@ impl Consumer {
                     } else if !fresh.remove(&envelope.id) {
                         Outcome::Duplicate
                     } else {
-                        match self.gate(&mut tx, &envelope).await? {
-                            Gate::Stale(position) => Outcome::Stale { position },
-                            Gate::Park(waiting_for) => {
-                                self.park(&mut tx, &envelope).await?;
-                                Outcome::Parked { waiting_for }
-                            }
-                            Gate::Go => {
-                                self.set_position(&mut tx, &envelope).await?;
-                                advanced.push((
-                                    envelope.aggregate_type.clone(),
-                                    envelope.aggregate_id.clone(),
-                                ));
-                                Outcome::Ignored
-                            }
+                        let outcome = self.pass_skipped(&mut tx, &envelope).await?;
+                        if outcome == Outcome::Ignored {
+                            advanced.push((
+                                envelope.aggregate_type.clone(),
+                                envelope.aggregate_id.clone(),
+                            ));
                         }
+                        outcome
                     }
                 }
                 Prepared::Unreadable { envelope, reason } => {
@@ -571,7 +565,7 @@ impl Consumer {
         let result = tokio::time::timeout(timeout, trace::scope(traceparent, run))
             .instrument(span)
             .await;
-        metrics::histogram!(m::CONSUMER_HANDLER_DURATION, "consumer" => self.inner.name.to_string())
+        metrics::histogram!(m::CONSUMER_HANDLER_DURATION, "consumer" => Arc::clone(&self.inner.name))
             .record(started.elapsed().as_secs_f64());
         match result {
             Ok(Ok(outcome)) => outcome,
@@ -991,17 +985,7 @@ impl Consumer {
         if !self.claim(&mut tx, envelope.id).await? {
             return Ok(Outcome::Duplicate);
         }
-        let outcome = match self.gate(&mut tx, &envelope).await? {
-            Gate::Stale(position) => Outcome::Stale { position },
-            Gate::Park(waiting_for) => {
-                self.park(&mut tx, &envelope).await?;
-                Outcome::Parked { waiting_for }
-            }
-            Gate::Go => {
-                self.set_position(&mut tx, &envelope).await?;
-                Outcome::Ignored
-            }
-        };
+        let outcome = self.pass_skipped(&mut tx, &envelope).await?;
         tx.commit()
             .await
             .map_err(self.db_error("committing a skipped message"))?;
@@ -1010,6 +994,26 @@ impl Consumer {
                 .await;
         }
         Ok(outcome)
+    }
+
+    /// A skipped message through the strict gate: stale, parked, or it
+    /// moves the position (`Ignored`).
+    async fn pass_skipped(
+        &self,
+        tx: &mut PgConnection,
+        envelope: &Envelope,
+    ) -> Result<Outcome, ConsumerError> {
+        Ok(match self.gate(tx, envelope).await? {
+            Gate::Stale(position) => Outcome::Stale { position },
+            Gate::Park(waiting_for) => {
+                self.park(tx, envelope).await?;
+                Outcome::Parked { waiting_for }
+            }
+            Gate::Go => {
+                self.set_position(tx, envelope).await?;
+                Outcome::Ignored
+            }
+        })
     }
 
     /// Whether a skipped message still counts for ordering: strict, and of
@@ -1028,12 +1032,12 @@ impl Consumer {
             .num_microseconds()
             .unwrap_or(0) as f64
             / 1e6;
-        metrics::gauge!(m::CONSUMER_LAG, "consumer" => self.inner.name.to_string())
+        metrics::gauge!(m::CONSUMER_LAG, "consumer" => Arc::clone(&self.inner.name))
             .set(lag.max(0.0));
     }
 
     pub(crate) fn record(&self, outcome: &Outcome) {
-        let consumer = self.inner.name.to_string();
+        let consumer = Arc::clone(&self.inner.name);
         metrics::counter!(
             m::CONSUMER_MESSAGES,
             "consumer" => consumer.clone(),

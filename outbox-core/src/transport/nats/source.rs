@@ -4,6 +4,7 @@
 //! comes back through a delayed NAK; the ack wait and the delivery limit
 //! follow the consumer's retry policy.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
@@ -102,7 +103,7 @@ pub fn common_filter(subjects: &[String], fallback: &str) -> String {
 /// Messages of a durable JetStream pull consumer.
 pub struct JetStreamSource {
     messages: pull::Stream,
-    durable: String,
+    durable: Arc<str>,
 }
 
 impl std::fmt::Debug for JetStreamSource {
@@ -158,7 +159,7 @@ impl JetStreamSource {
             .map_err(|e| stream_error(format!("cannot pull from {}: {e}", config.durable)))?;
         Ok(JetStreamSource {
             messages,
-            durable: config.durable,
+            durable: Arc::from(config.durable),
         })
     }
 }
@@ -179,7 +180,7 @@ impl std::fmt::Debug for JetStreamDelivery {
 }
 
 impl JetStreamDelivery {
-    fn new(message: jetstream::Message, durable: &str) -> JetStreamDelivery {
+    fn new(message: jetstream::Message, durable: &Arc<str>) -> JetStreamDelivery {
         let (attempt, pending) = match message.info() {
             Ok(info) => (
                 info.delivered.clamp(1, i64::from(u32::MAX)) as u32,
@@ -188,7 +189,7 @@ impl JetStreamDelivery {
             Err(_) => (1, None),
         };
         if let Some(pending) = pending {
-            metrics::gauge!(crate::metrics::CONSUMER_PENDING, "consumer" => durable.to_owned())
+            metrics::gauge!(crate::metrics::CONSUMER_PENDING, "consumer" => Arc::clone(durable))
                 .set(pending as f64);
         }
         let attributes = message
