@@ -98,6 +98,23 @@ pub enum EmitError {
         /// The contested version.
         aggregate_version: i64,
     },
+    /// A carried aggregate version lies below a version of the same
+    /// aggregate that is written but not yet published. The relay publishes
+    /// an aggregate's events in the order they were written, so the lower
+    /// version would reach consumers after the higher one.
+    #[error(
+        "aggregate {aggregate_type}/{aggregate_id}: version {aggregate_version} is emitted after version {newer_version}, which is not yet published; emit an aggregate's versions in ascending order (emit_all sorts a batch by version, separate emits keep their call order)"
+    )]
+    VersionOutOfOrder {
+        /// The aggregate type.
+        aggregate_type: String,
+        /// The aggregate id.
+        aggregate_id: String,
+        /// The version being emitted.
+        aggregate_version: i64,
+        /// The higher version already written.
+        newer_version: i64,
+    },
     /// The idempotency key is longer than 512 bytes.
     #[error("an idempotency key is too long ({0} bytes, at most 512)")]
     KeyTooLong(usize),
@@ -207,7 +224,10 @@ impl Outbox {
             .await
     }
 
-    /// Inserts several events of one type in one statement, in order.
+    /// Inserts several events of one type in one statement. Versions from
+    /// the counter follow the order given; the rows of each aggregate are
+    /// written in version order, so carried versions may come in any order
+    /// within one call.
     pub async fn emit_all<'a, E: OutboxEvent>(
         &self,
         conn: &mut PgConnection,
@@ -220,7 +240,8 @@ impl Outbox {
         self.emit_drafts(conn, drafts).await
     }
 
-    /// Inserts prepared events (of any types) in one statement, in order.
+    /// Inserts prepared events (of any types) in one statement; see
+    /// [`Outbox::emit_all`] for the order rules.
     pub async fn emit_drafts(
         &self,
         conn: &mut PgConnection,
@@ -245,9 +266,10 @@ impl Outbox {
             versions.push(draft.aggregate_version);
             event_types.push(draft.event_type);
             schema_versions.push(draft.schema_version as i32);
-            payloads.push(sqlx::types::Json(draft.payload));
+            payloads.push(draft.payload);
             traceparents.push(draft.traceparent);
         }
+        let payload_texts: Vec<&str> = payloads.iter().map(|p| p.get()).collect();
         let rows = sqlx::query(AssertSqlSafe(self.inner.sql.batch.as_str()))
             .bind(&ids)
             .bind(&aggregate_types)
@@ -255,12 +277,29 @@ impl Outbox {
             .bind(&versions)
             .bind(&event_types)
             .bind(&schema_versions)
-            .bind(&payloads)
+            .bind(&payload_texts)
             .bind(&traceparents)
             .bind(&self.inner.channel)
             .fetch_all(&mut *conn)
             .await
             .map_err(|error| map_error(error, "batch", None))?;
+        let database = |source| EmitError::Database {
+            event_type: "batch".into(),
+            source,
+        };
+        if let Some(first) = rows.first()
+            && first
+                .try_get::<Option<Uuid>, _>(0)
+                .map_err(database)?
+                .is_none()
+        {
+            return Err(EmitError::VersionOutOfOrder {
+                aggregate_version: first.try_get(1).map_err(database)?,
+                aggregate_type: first.try_get(2).map_err(database)?,
+                aggregate_id: first.try_get(3).map_err(database)?,
+                newer_version: first.try_get(4).map_err(database)?,
+            });
+        }
         rows.iter()
             .map(|row| {
                 Ok(Emitted {
@@ -269,10 +308,7 @@ impl Outbox {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(|source| EmitError::Database {
-                event_type: "batch".into(),
-                source,
-            })
+            .map_err(database)
     }
 
     async fn emit_draft(
@@ -295,7 +331,7 @@ impl Outbox {
             .bind(&draft.aggregate_id)
             .bind(draft.event_type)
             .bind(draft.schema_version as i32)
-            .bind(sqlx::types::Json(&draft.payload))
+            .bind(draft.payload.get())
             .bind(&draft.traceparent)
             .bind(&self.inner.channel);
         if let Some(version) = draft.aggregate_version {
@@ -328,14 +364,34 @@ impl Outbox {
                 aggregate_version,
             })),
             None => {
-                let key = key.unwrap_or_default();
-                let original_event_id: Uuid =
-                    sqlx::query_scalar(AssertSqlSafe(sql.existing_key.as_str()))
-                        .bind(key)
+                if let Some(key) = key {
+                    let original: Option<Uuid> =
+                        sqlx::query_scalar(AssertSqlSafe(sql.existing_key.as_str()))
+                            .bind(key)
+                            .fetch_optional(&mut *conn)
+                            .await
+                            .map_err(|error| map_error(error, draft.event_type, None))?;
+                    if let Some(original_event_id) = original {
+                        return Ok(EmitOutcome::Duplicate { original_event_id });
+                    }
+                }
+                // Nothing written and no key stood in the way: a carried
+                // version behind an unpublished one.
+                let version = draft.aggregate_version.unwrap_or_default();
+                let newer: Option<i64> =
+                    sqlx::query_scalar(AssertSqlSafe(sql.newer_version.as_str()))
+                        .bind(draft.aggregate_type)
+                        .bind(&draft.aggregate_id)
+                        .bind(version)
                         .fetch_one(&mut *conn)
                         .await
                         .map_err(|error| map_error(error, draft.event_type, None))?;
-                Ok(EmitOutcome::Duplicate { original_event_id })
+                Err(EmitError::VersionOutOfOrder {
+                    aggregate_type: draft.aggregate_type.to_owned(),
+                    aggregate_id: draft.aggregate_id,
+                    aggregate_version: version,
+                    newer_version: newer.unwrap_or(version),
+                })
             }
         }
     }

@@ -159,7 +159,7 @@ async fn measure(
 ) -> Measured {
     let hand_sql = Arc::new(format!(
         "INSERT INTO {} (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
-         VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7::json)",
         db.table("outbox_events")
     ));
     let order_sql = Arc::new(format!(

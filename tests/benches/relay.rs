@@ -132,7 +132,7 @@ async fn relay_claim_ms(db: &TestDb, samples: usize) -> f64 {
     let mut times = Vec::new();
     for _ in 0..samples {
         let plan = store.explain_claim(1000).await.unwrap();
-        times.push(plan[0]["Execution Time"].as_f64().unwrap());
+        times.push(plan.execution_ms().unwrap());
     }
     median(&mut times)
 }
@@ -152,7 +152,7 @@ async fn raw_claim_ms(db: &TestDb, samples: usize) -> f64 {
             .await
             .unwrap();
         tx.rollback().await.unwrap();
-        times.push(plan[0]["Execution Time"].as_f64().unwrap());
+        times.push(plan.execution_ms().unwrap());
     }
     median(&mut times)
 }

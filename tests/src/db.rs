@@ -55,6 +55,21 @@ async fn ensure_database() {
     let _ = conn.close().await;
 }
 
+/// A schema name no other test uses.
+fn unique_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let stamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    format!(
+        "t{}_{}_{}",
+        stamp,
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// A schema of its own, with the outbox migrated into it.
 pub struct TestDb {
     /// A pool on the test database.
@@ -75,18 +90,24 @@ impl TestDb {
 
     /// As [`TestDb::new`] with a pool of `size` connections.
     pub async fn with_pool_size(size: u32) -> TestDb {
-        ensure_database().await;
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let stamp = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis();
-        let name = format!(
-            "t{}_{}_{}",
-            stamp,
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
+        TestDb::create(unique_name(), size).await
+    }
+
+    /// As [`TestDb::new`] in a schema whose name is `length` bytes long
+    /// (unique, padded with `x`): for limits that depend on the name.
+    pub async fn with_schema_name_length(length: usize) -> TestDb {
+        let mut name = unique_name();
+        assert!(
+            length >= name.len(),
+            "a unique name needs {} bytes",
+            name.len()
         );
+        name.push_str(&"x".repeat(length - name.len()));
+        TestDb::create(name, 8).await
+    }
+
+    async fn create(name: String, size: u32) -> TestDb {
+        ensure_database().await;
         let schema = SchemaName::new(name).expect("valid test schema name");
         let pool = PgPoolOptions::new()
             .max_connections(size)

@@ -122,3 +122,29 @@ impl From<ParcelBookedV2> for ParcelBooked {
         }
     }
 }
+
+/// A move of a game piece whose row carries its own version
+/// (`#[outbox(aggregate_version)]`), for tests of carried versions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "piece.moved", aggregate = "piece", version = 1)]
+pub struct PieceMoved {
+    /// The piece.
+    #[outbox(aggregate_id)]
+    pub piece: String,
+    /// The piece row's version after the move.
+    #[outbox(aggregate_version)]
+    pub version: i64,
+    /// Where it went.
+    pub square: String,
+}
+
+impl PieceMoved {
+    /// Move number `version` of `piece`.
+    pub fn new(piece: impl Into<String>, version: i64) -> PieceMoved {
+        PieceMoved {
+            piece: piece.into(),
+            version,
+            square: format!("square-{version}"),
+        }
+    }
+}

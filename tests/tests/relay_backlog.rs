@@ -69,7 +69,7 @@ async fn article_test_8_a_million_event_backlog_drains_and_the_claim_does_not_gr
         config.claim_timeout,
     );
     let (start_ms, start_buffers, start_index) =
-        summarize(&store.explain_claim(1000).await.unwrap());
+        summarize(&store.explain_claim(1000).await.unwrap().plan);
     println!(
         "claim of 1000 with 1M pending, empty history: {start_ms:.2} ms, {start_buffers} buffers"
     );
@@ -103,7 +103,8 @@ async fn article_test_8_a_million_event_backlog_drains_and_the_claim_does_not_gr
     // A fresh backlog on top of a million published rows, vacuumed.
     insert_backlog(&db, PER_AGGREGATE + 1, PER_AGGREGATE + 2).await;
     db.execute("VACUUM ANALYZE {s}.outbox_events").await;
-    let (end_ms, end_buffers, end_index) = summarize(&store.explain_claim(1000).await.unwrap());
+    let (end_ms, end_buffers, end_index) =
+        summarize(&store.explain_claim(1000).await.unwrap().plan);
     println!("claim of 1000 with 1M published history: {end_ms:.2} ms, {end_buffers} buffers");
     assert!(end_index, "the claim still walks the pending index");
     assert!(

@@ -48,6 +48,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
         tokio::pin!(notified);
         notified.as_mut().enable();
 
+        let claim_started = Instant::now();
         let batch = match shared.store.claim(config.batch_size).await {
             Ok(batch) => {
                 consecutive_errors = 0;
@@ -94,7 +95,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
             continue;
         }
 
-        process(&shared, batch).await;
+        process(&shared, batch, claim_started).await;
         // After the batch, not before it: the flag costs a write, and a
         // stale "waiting" only makes emitters send a NOTIFY too many.
         if waiting || last_heartbeat.elapsed() >= HEARTBEAT_EVERY {
@@ -122,10 +123,15 @@ async fn sleep_or_stop(delay: Duration, shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Publishes one batch in waves and records the outcome.
-async fn process<S: RelayStore, T: Transport>(shared: &Shared<S, T>, batch: S::Batch) {
+/// Publishes one batch in waves and records the outcome. The batch
+/// duration runs from the start of the claim (`started`) to the recorded
+/// outcome.
+async fn process<S: RelayStore, T: Transport>(
+    shared: &Shared<S, T>,
+    batch: S::Batch,
+    started: Instant,
+) {
     let config = &shared.config;
-    let started = Instant::now();
     let schema = shared.schema_label.clone();
     let transport = shared.transport.name();
     let events = batch.events();

@@ -14,13 +14,22 @@ use super::schema::SchemaName;
 
 /// The migrations shipped with this version of outbox-core.
 pub fn migrations() -> Vec<Migration> {
-    vec![Migration::new(
-        1,
-        "outbox tables".into(),
-        MigrationType::Simple,
-        SqlStr::from_static(include_str!("../../migrations/0001_outbox.sql")),
-        false,
-    )]
+    vec![
+        Migration::new(
+            1,
+            "outbox tables".into(),
+            MigrationType::Simple,
+            SqlStr::from_static(include_str!("../../migrations/0001_outbox.sql")),
+            false,
+        ),
+        Migration::new(
+            2,
+            "hardening: exact payloads, replayable letters, audit".into(),
+            MigrationType::Simple,
+            SqlStr::from_static(include_str!("../../migrations/0002_hardening.sql")),
+            false,
+        ),
+    ]
 }
 
 /// The migrator for `schema`: creates the schema, keeps its bookkeeping in

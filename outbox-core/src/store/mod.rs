@@ -8,7 +8,7 @@ mod schema;
 pub(crate) mod sql;
 
 pub use migrate::{MigrateError, migrate, migrations, migrator};
-pub use relay::{PgClaim, PgRelayStore, PgWakeups};
+pub use relay::{ClaimPlan, ClaimVariant, PgClaim, PgRelayStore, PgWakeups};
 #[allow(unused_imports)]
 pub(crate) use schema::validate_identifier;
 pub use schema::{ConfigError, SchemaName};

@@ -4,6 +4,11 @@
 
 use std::fmt;
 
+use sha2::Digest;
+
+/// PostgreSQL's limit for identifiers and channel names (NAMEDATALEN - 1).
+const MAX_IDENTIFIER_BYTES: usize = 63;
+
 /// A configuration value was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -53,9 +58,19 @@ impl SchemaName {
         format!("\"{}\"", self.0)
     }
 
-    /// The NOTIFY channel of this schema's outbox.
+    /// The NOTIFY channel of this schema's outbox: `outbox_events.<schema>`
+    /// when that fits PostgreSQL's 63-byte limit for channel names (schemas
+    /// of up to 49 bytes); for longer schemas `outbox_events.` followed by
+    /// the schema's first 32 bytes, a `.` and 16 hex digits of its SHA-256,
+    /// so the channel always fits and no two schemas share one (a schema
+    /// name cannot contain `.`, so the long form never equals a short one).
     pub fn notify_channel(&self) -> String {
-        format!("outbox_events.{}", self.0)
+        const PREFIX: &str = "outbox_events.";
+        if PREFIX.len() + self.0.len() <= MAX_IDENTIFIER_BYTES {
+            return format!("{PREFIX}{}", self.0);
+        }
+        let digest = sha2::Sha256::digest(self.0.as_bytes());
+        format!("{PREFIX}{}.{}", &self.0[..32], hex::encode(&digest[..8]))
     }
 }
 
@@ -81,7 +96,7 @@ pub(crate) fn validate_identifier(what: &'static str, value: &str) -> Result<(),
     if value.is_empty() {
         return Err(error("it is empty"));
     }
-    if value.len() > 63 {
+    if value.len() > MAX_IDENTIFIER_BYTES {
         return Err(error("PostgreSQL identifiers have at most 63 bytes"));
     }
     let mut chars = value.chars();
@@ -131,5 +146,39 @@ mod tests {
             }
         }
         assert!(SchemaName::new("x".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn notify_channels_fit_and_differ() {
+        assert_eq!(
+            SchemaName::new("app").unwrap().notify_channel(),
+            "outbox_events.app"
+        );
+        let fits = "a".repeat(49);
+        assert_eq!(
+            SchemaName::new(fits.clone()).unwrap().notify_channel(),
+            format!("outbox_events.{fits}")
+        );
+        let long_a = SchemaName::new(format!("{}x", "a".repeat(62))).unwrap();
+        let long_b = SchemaName::new(format!("{}y", "a".repeat(62))).unwrap();
+        for name in [&long_a, &long_b] {
+            let channel = name.notify_channel();
+            assert!(channel.len() <= 63, "{channel} is {} bytes", channel.len());
+        }
+        assert_ne!(long_a.notify_channel(), long_b.notify_channel());
+        // Stable across versions of the crate: relays and emitters of
+        // different builds must meet on one channel.
+        assert_eq!(
+            SchemaName::new("b".repeat(63)).unwrap().notify_channel(),
+            format!(
+                "outbox_events.{}.{}",
+                "b".repeat(32),
+                golden_digest_of_63_bs()
+            )
+        );
+    }
+
+    fn golden_digest_of_63_bs() -> &'static str {
+        "94e419fabac7f930"
     }
 }

@@ -23,27 +23,42 @@ fn notified(s: &str, channel_param: &str) -> String {
 }
 
 /// Emit statements.
+///
+/// Within an aggregate, insertion order (`seq`) must follow the version:
+/// the relay's claim relies on it. Counter versions follow it by
+/// construction (the counter row serializes writers); carried versions
+/// are written only when no unpublished event of the aggregate has a
+/// higher version (`behind` finds one), and a batch inserts its rows in
+/// version order per aggregate.
 #[derive(Debug, Clone)]
 pub(crate) struct EmitSql {
     /// One event, version from the counter. Binds: id, aggregate_type,
-    /// aggregate_id, event_type, schema_version, payload, traceparent,
+    /// aggregate_id, event_type, schema_version, payload (text), traceparent,
     /// channel. Returns aggregate_version.
     pub(crate) counter: String,
     /// One event with its own version. Binds as `counter` plus
-    /// aggregate_version ($9). Returns nothing (one row affected).
+    /// aggregate_version ($9). Returns nothing; no row affected when an
+    /// unpublished event of the aggregate has a higher version.
     pub(crate) explicit: String,
     /// As `counter`, claiming an idempotency key ($9) first; no row when
     /// the key exists.
     pub(crate) counter_with_key: String,
-    /// As `explicit`, claiming an idempotency key ($10) first; no row
-    /// affected when the key exists.
+    /// As `explicit` (version $9), claiming an idempotency key ($10) first;
+    /// no row affected when the key exists or a higher version is
+    /// unpublished.
     pub(crate) explicit_with_key: String,
     /// The event id stored under an idempotency key. Binds: key.
     pub(crate) existing_key: String,
+    /// The highest unpublished version of an aggregate above a version.
+    /// Binds: aggregate_type, aggregate_id, version.
+    pub(crate) newer_version: String,
     /// Many events (arrays, in order). Binds: ids, aggregate_types,
     /// aggregate_ids, explicit versions (NULL = counter), event_types,
-    /// schema_versions, payloads, traceparents, channel.
-    /// Returns id, aggregate_version in input order.
+    /// schema_versions, payloads (text), traceparents, channel.
+    /// Returns id, aggregate_version in input order, or, when a carried
+    /// version lies below an unpublished one of its aggregate, nothing
+    /// written and one row (NULL id, the carried version, the aggregate,
+    /// the newer version).
     pub(crate) batch: String,
 }
 
@@ -62,16 +77,28 @@ impl EmitSql {
                 )"
             )
         };
+        // A carried version goes in only when nothing unpublished of its
+        // aggregate is newer (one probe of the unpublished-version index).
+        let in_order = |version: &str| {
+            format!(
+                "NOT EXISTS (
+                    SELECT 1 FROM {s}.outbox_events newer
+                    WHERE newer.aggregate_type = $2 AND newer.aggregate_id = $3
+                      AND newer.status <> 'published' AND newer.aggregate_version > {version})"
+            )
+        };
         let counter = format!(
             "WITH {version}
             INSERT INTO {s}.outbox_events ({columns})
-            SELECT $1, $2, $3, version.version, $4, $5, $6, $7 FROM version, {notified_single}
+            SELECT $1, $2, $3, version.version, $4, $5, $6::json, $7 FROM version, {notified_single}
             RETURNING aggregate_version",
             version = counter_cte("")
         );
         let explicit = format!(
             "INSERT INTO {s}.outbox_events ({columns})
-            SELECT $1, $2, $3, $9, $4, $5, $6, $7 FROM {notified_single}"
+            SELECT $1, $2, $3, $9, $4, $5, $6::json, $7 FROM {notified_single}
+            WHERE {in_order}",
+            in_order = in_order("$9")
         );
         let claimed = |key_param: &str| {
             format!(
@@ -86,30 +113,58 @@ impl EmitSql {
         let counter_with_key = format!(
             "WITH {claimed}, {version}
             INSERT INTO {s}.outbox_events ({columns})
-            SELECT $1, $2, $3, version.version, $4, $5, $6, $7 FROM version, {notified_single}
+            SELECT $1, $2, $3, version.version, $4, $5, $6::json, $7 FROM version, {notified_single}
             RETURNING aggregate_version",
             claimed = claimed("$9"),
             version = counter_cte("FROM claimed")
         );
+        // The version check comes before the key claim, so an out-of-order
+        // emit does not use up its key.
         let explicit_with_key = format!(
             "WITH {claimed}
             INSERT INTO {s}.outbox_events ({columns})
-            SELECT $1, $2, $3, $10, $4, $5, $6, $7 FROM claimed, {notified_single}",
-            claimed = claimed("$10")
+            SELECT $1, $2, $3, $9, $4, $5, $6::json, $7 FROM claimed, {notified_single}",
+            claimed = format!(
+                "claimed AS (
+                    INSERT INTO {s}.outbox_idempotency_keys (idempotency_key, event_id)
+                    SELECT $10, $1 WHERE {in_order}
+                    ON CONFLICT (idempotency_key) DO NOTHING
+                    RETURNING event_id
+                )",
+                in_order = in_order("$9")
+            )
         );
         let existing_key =
             format!("SELECT event_id FROM {s}.outbox_idempotency_keys WHERE idempotency_key = $1");
+        let newer_version = format!(
+            "SELECT max(aggregate_version) FROM {s}.outbox_events
+             WHERE aggregate_type = $1 AND aggregate_id = $2 AND status <> 'published'
+               AND aggregate_version > $3"
+        );
         let notified_batch = notified(&s, "$9");
         let batch = format!(
             "WITH input AS (
                 SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[],
-                                     $6::integer[], $7::jsonb[], $8::text[])
+                                     $6::integer[], $7::text[], $8::text[])
                     WITH ORDINALITY AS i(id, aggregate_type, aggregate_id, explicit_version, event_type,
                                          schema_version, payload, traceparent, ord)
             ),
+            -- Carried versions below an unpublished version of their
+            -- aggregate: nothing of the batch is written.
+            behind AS (
+                SELECT i.aggregate_type, i.aggregate_id, i.explicit_version, max(e.aggregate_version) AS newer
+                FROM input i
+                JOIN {s}.outbox_events e
+                  ON e.aggregate_type = i.aggregate_type AND e.aggregate_id = i.aggregate_id
+                 AND e.status <> 'published' AND e.aggregate_version > i.explicit_version
+                WHERE i.explicit_version IS NOT NULL
+                GROUP BY i.aggregate_type, i.aggregate_id, i.explicit_version
+                LIMIT 1
+            ),
             counted AS (
                 SELECT aggregate_type, aggregate_id, count(*) AS n FROM input
-                WHERE explicit_version IS NULL GROUP BY aggregate_type, aggregate_id
+                WHERE explicit_version IS NULL AND NOT EXISTS (SELECT 1 FROM behind)
+                GROUP BY aggregate_type, aggregate_id
             ),
             bumped AS (
                 INSERT INTO {s}.outbox_aggregate_versions AS v (aggregate_type, aggregate_id, version)
@@ -127,17 +182,33 @@ impl EmitSql {
                 LEFT JOIN bumped b ON b.aggregate_type = i.aggregate_type AND b.aggregate_id = i.aggregate_id
                 LEFT JOIN counted c ON c.aggregate_type = i.aggregate_type AND c.aggregate_id = i.aggregate_id
             ),
+            -- Each aggregate's rows take the input positions of that
+            -- aggregate in version order: seq follows the version within an
+            -- aggregate whatever order the caller passed, and the caller's
+            -- interleaving of aggregates is kept.
+            ranked AS (
+                SELECT n.*,
+                       row_number() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY ord) AS position_rank,
+                       row_number() OVER (PARTITION BY aggregate_type, aggregate_id ORDER BY aggregate_version) AS version_rank
+                FROM numbered n
+            ),
             inserted AS (
                 INSERT INTO {s}.outbox_events ({columns})
-                SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
-                       payload, traceparent
-                FROM numbered, {notified_batch}
-                ORDER BY ord
+                SELECT v.id, v.aggregate_type, v.aggregate_id, v.aggregate_version, v.event_type,
+                       v.schema_version, v.payload::json, v.traceparent
+                FROM ranked v
+                JOIN ranked p ON p.aggregate_type = v.aggregate_type AND p.aggregate_id = v.aggregate_id
+                             AND p.position_rank = v.version_rank,
+                     {notified_batch}
+                WHERE NOT EXISTS (SELECT 1 FROM behind)
+                ORDER BY p.ord
                 RETURNING id, aggregate_version
             )
-            SELECT inserted.id, inserted.aggregate_version
+            SELECT inserted.id, inserted.aggregate_version, NULL::text, NULL::text, NULL::bigint, input.ord
             FROM inserted JOIN input USING (id)
-            ORDER BY input.ord"
+            UNION ALL
+            SELECT NULL::uuid, explicit_version, aggregate_type, aggregate_id, newer, 0 FROM behind
+            ORDER BY 6"
         );
         EmitSql {
             counter,
@@ -145,6 +216,7 @@ impl EmitSql {
             counter_with_key,
             explicit_with_key,
             existing_key,
+            newer_version,
             batch,
         }
     }
@@ -158,7 +230,7 @@ pub(crate) struct RelaySql {
     /// that another worker holds and the later events of blocked
     /// aggregates; locked until the claim transaction ends, and marked
     /// published in that transaction. Binds: lock namespace (int4), limit
-    /// (int8).
+    /// (int8), whether failed heads are skipped (bool).
     pub(crate) claim_shared: String,
     /// As `claim_shared` without the advisory locks, for a lone worker.
     pub(crate) claim_alone: String,
@@ -173,9 +245,13 @@ pub(crate) struct RelaySql {
     pub(crate) heartbeat: String,
     /// Removes a relay's listener row. Binds: relay id.
     pub(crate) deregister: String,
-    /// Backlog figures. Binds: the outbox table's regclass text.
+    /// Counts relay workers with a recent heartbeat. No binds.
+    pub(crate) live_workers: String,
+    /// Backlog figures. Binds: the outbox table's regclass text, whether
+    /// failed heads are skipped.
     pub(crate) stats: String,
-    /// Lists blocked aggregates. Binds: limit.
+    /// Lists blocked aggregates (whose head still blocks). Binds: limit,
+    /// whether failed heads are skipped.
     pub(crate) blocked: String,
     /// Deletes one batch of published rows older than an age. Binds: age
     /// (seconds, float8), batch size.
@@ -190,15 +266,24 @@ impl RelaySql {
         let s = schema.quoted();
         let claim = |lock: &str| {
             format!(
-            "WITH candidates AS MATERIALIZED (
+            "WITH blocking AS MATERIALIZED (
+                -- Blocked aggregates whose head still blocks: retrying, or
+                -- failed unless failed heads are skipped ($3). A head fixed
+                -- by hand or replayed no longer blocks.
+                SELECT b.aggregate_type, b.aggregate_id, b.head_event_id
+                FROM {s}.outbox_blocked_aggregates b
+                JOIN {s}.outbox_events h ON h.id = b.head_event_id
+                WHERE h.status = 'pending' OR (h.status = 'failed' AND NOT $3)
+            ),
+            candidates AS MATERIALIZED (
                 SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.aggregate_version
                 FROM {s}.outbox_events e
                 WHERE e.status = 'pending'
                   AND e.next_attempt_at <= now()
                   -- Blocked aggregates offer only their head (hashed once).
-                  AND (e.id IN (SELECT head_event_id FROM {s}.outbox_blocked_aggregates)
+                  AND (e.id IN (SELECT head_event_id FROM blocking)
                        OR (e.aggregate_type, e.aggregate_id) NOT IN (
-                           SELECT aggregate_type, aggregate_id FROM {s}.outbox_blocked_aggregates))
+                           SELECT aggregate_type, aggregate_id FROM blocking))
 {lock}
                 ORDER BY e.seq
                 LIMIT $2
@@ -209,7 +294,11 @@ impl RelaySql {
             -- retrying or blocked row in between), each candidate aggregate's
             -- pending rows below it are candidates too, and the per-aggregate
             -- check below is not needed. One short scan of the pending index
-            -- instead of one index descent per aggregate.
+            -- instead of one index descent per aggregate. It relies on seq
+            -- following the version within an aggregate, which emit keeps
+            -- (carried versions below an unpublished one are refused, a batch
+            -- is written in version order); as a guard, an aggregate whose
+            -- candidate versions are not consecutive takes the full check.
             gap_free AS (
                 SELECT count(*) = (SELECT count(*) FROM candidates) AS complete
                 FROM {s}.outbox_events o
@@ -226,7 +315,9 @@ impl RelaySql {
                 SELECT array_agg(c.id) AS ids
                 FROM candidates c
                 GROUP BY c.aggregate_type, c.aggregate_id
-                HAVING (SELECT complete FROM gap_free) OR (NOT EXISTS (
+                HAVING ((SELECT complete FROM gap_free)
+                        AND max(c.aggregate_version) - min(c.aggregate_version) + 1 = count(*))
+                    OR (NOT EXISTS (
                         SELECT 1 FROM {s}.outbox_events o
                         WHERE o.aggregate_type = c.aggregate_type AND o.aggregate_id = c.aggregate_id
                           AND o.status = 'pending'
@@ -240,8 +331,16 @@ impl RelaySql {
                        END)
             ),
             unblocked AS (
+                -- Claimed heads, and rows whose head no longer blocks (locked
+                -- rows are left to whoever holds them).
                 DELETE FROM {s}.outbox_blocked_aggregates
                 WHERE head_event_id IN (SELECT unnest(ids) FROM heads)
+                   OR (aggregate_type, aggregate_id) IN (
+                       SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox_blocked_aggregates b
+                       WHERE NOT EXISTS (
+                           SELECT 1 FROM blocking k
+                           WHERE k.aggregate_type = b.aggregate_type AND k.aggregate_id = b.aggregate_id)
+                       FOR UPDATE SKIP LOCKED)
             )
             -- Marked published right away, inside the claim transaction that
             -- stays open while the batch is published: when every ack comes
@@ -252,7 +351,7 @@ impl RelaySql {
                 last_error = NULL
             WHERE e.id IN (SELECT unnest(ids) FROM heads)
             RETURNING e.id, e.aggregate_type, e.aggregate_id, e.aggregate_version, e.event_type,
-                      e.schema_version, e.payload, e.traceparent, e.created_at,
+                      e.schema_version, e.payload::text AS payload, e.traceparent, e.created_at,
                       e.attempt_count - 1 AS attempt_count"
         )
         };
@@ -313,12 +412,17 @@ impl RelaySql {
             WHERE relay_id <> $1 AND heartbeat_at > now() - interval '30 seconds'"
         );
         let deregister = format!("DELETE FROM {s}.outbox_relay_listeners WHERE relay_id = $1");
+        let live_workers = format!(
+            "SELECT count(*) FROM {s}.outbox_relay_listeners WHERE heartbeat_at > now() - interval '30 seconds'"
+        );
         let stats = format!(
             "SELECT
                 (SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending') AS pending,
                 (SELECT count(*) FROM {s}.outbox_events WHERE status = 'failed') AS failed,
                 (SELECT created_at FROM {s}.outbox_events WHERE status = 'pending' ORDER BY seq LIMIT 1) AS oldest,
-                (SELECT count(*) FROM {s}.outbox_blocked_aggregates) AS blocked,
+                (SELECT count(*) FROM {s}.outbox_blocked_aggregates b
+                 JOIN {s}.outbox_events h ON h.id = b.head_event_id
+                 WHERE h.status = 'pending' OR (h.status = 'failed' AND NOT $2)) AS blocked,
                 coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0) AS dead,
                 coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0) AS live"
         );
@@ -326,7 +430,8 @@ impl RelaySql {
             "SELECT b.aggregate_type, b.aggregate_id, b.head_event_id, coalesce(e.status, 'missing'),
                     e.last_error, b.blocked_since
              FROM {s}.outbox_blocked_aggregates b
-             LEFT JOIN {s}.outbox_events e ON e.id = b.head_event_id
+             JOIN {s}.outbox_events e ON e.id = b.head_event_id
+             WHERE e.status = 'pending' OR (e.status = 'failed' AND NOT $2)
              ORDER BY b.blocked_since LIMIT $1"
         );
         let purge_published = format!(
@@ -350,6 +455,7 @@ impl RelaySql {
             complete,
             heartbeat,
             deregister,
+            live_workers,
             stats,
             blocked,
             purge_published,
