@@ -1,19 +1,44 @@
 #!/usr/bin/env bash
 # Makes sure the services the tests and the example need are reachable:
-# PostgreSQL (127.0.0.1:5432) and NATS with JetStream (127.0.0.1:4222), plus
-# the nats-server binary (tests start private servers they can stop and
-# restart). Starts a service that is installed but down; fails loudly when
-# one cannot be had. Sourced by scripts/test.sh and scripts/demo.sh.
+# PostgreSQL and NATS with JetStream, plus the nats-server binary (tests
+# start private servers they can stop and restart). Installs a service
+# from the distribution's packages when it is missing (Debian/Ubuntu),
+# starts one that is installed but down, and fails loudly, naming what is
+# in the way, when a service cannot be had. Sourced by scripts/test.sh and
+# scripts/demo.sh.
+#
+# One variable per setting, the names the tools already use:
+#   DATABASE_URL  postgres://postgres@127.0.0.1:5432/postgres (sqlx's name)
+#   NATS_URL      nats://127.0.0.1:4222 (the NATS tools' name)
+# Both are exported for the programs that follow.
 set -euo pipefail
 
-PGHOST_ADDR=${OUTBOX_PG_HOST:-127.0.0.1}
-PGPORT_NUM=${OUTBOX_PG_PORT:-5432}
-NATS_PORT=${OUTBOX_NATS_PORT:-4222}
+export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+export NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
 
 say() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: FATAL: %s\n' "$*" >&2; exit 1; }
 
+# host and port of a URL such as scheme://user@host:port/path
+url_host() { local rest=${1#*://}; rest=${rest#*@}; rest=${rest%%/*}; echo "${rest%:*}"; }
+url_port() { local rest=${1#*://}; rest=${rest#*@}; rest=${rest%%/*}; [[ $rest == *:* ]] && echo "${rest##*:}" || echo "$2"; }
+
+PG_HOST=$(url_host "$DATABASE_URL")
+PG_PORT=$(url_port "$DATABASE_URL" 5432)
+NATS_HOST=$(url_host "$NATS_URL")
+NATS_PORT=$(url_port "$NATS_URL" 4222)
+
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+# What listens on a local port, for error messages.
+who_listens() {
+    local port=$1
+    if command -v ss >/dev/null; then
+        ss -ltnpH "sport = :$port" 2>/dev/null | sed -E 's/.*users:\(\("([^"]+)",pid=([0-9]+).*/\1 (pid \2)/' | head -n1
+    elif command -v fuser >/dev/null; then
+        fuser -n tcp "$port" 2>/dev/null | xargs -r ps -o comm=,pid= -p | head -n1
+    fi
+}
 
 wait_port() {
     local host=$1 port=$2 what=$3
@@ -24,22 +49,65 @@ wait_port() {
     die "$what did not come up on $host:$port"
 }
 
+apt_install() {
+    command -v apt-get >/dev/null || return 1
+    say "installing $* from the distribution's packages"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 && return 0
+    # A fresh machine may not have package lists yet.
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+}
+
+pg_cluster_version() { ls /etc/postgresql 2>/dev/null | sort -V | tail -n1; }
+
+# A cluster we created on a fresh machine trusts local TCP connections, as
+# the tests and the demo connect without a password; an existing
+# installation's authentication is left alone.
+trust_local_tcp() {
+    local version=$1 hba
+    hba=/etc/postgresql/$version/main/pg_hba.conf
+    [ -f "$hba" ] || return 0
+    grep -q '^host all all 127.0.0.1/32 trust' "$hba" && return 0
+    sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust' "$hba"
+}
+
 ensure_postgres() {
-    if command -v pg_isready >/dev/null && pg_isready -q -h "$PGHOST_ADDR" -p "$PGPORT_NUM"; then
+    if command -v pg_isready >/dev/null && pg_isready -q -h "$PG_HOST" -p "$PG_PORT"; then
         return 0
     fi
-    if ! port_open "$PGHOST_ADDR" "$PGPORT_NUM"; then
-        if command -v pg_ctlcluster >/dev/null && [ -d /etc/postgresql ]; then
-            say "PostgreSQL is down; starting it"
-            pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start \
-                || die "could not start PostgreSQL (pg_ctlcluster failed)"
-        else
-            die "PostgreSQL is not reachable on $PGHOST_ADDR:$PGPORT_NUM and is not installed here"
-        fi
+    if port_open "$PG_HOST" "$PG_PORT"; then
+        for _ in $(seq 1 60); do
+            pg_isready -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null && return 0
+            sleep 0.5
+        done
+        die "port $PG_PORT on $PG_HOST accepts TCP but is not a PostgreSQL server that accepts connections (listening: $(who_listens "$PG_PORT"))"
     fi
-    wait_port "$PGHOST_ADDR" "$PGPORT_NUM" PostgreSQL
+    case $PG_HOST in
+        127.0.0.1|localhost|::1) ;;
+        *) die "PostgreSQL at $PG_HOST:$PG_PORT (DATABASE_URL) is not reachable, and it is not on this machine" ;;
+    esac
+    local fresh=false
+    if [ -z "$(pg_cluster_version)" ] || ! command -v pg_ctlcluster >/dev/null; then
+        apt_install postgresql || die "PostgreSQL is not installed and cannot be installed (no apt-get or no package)"
+        fresh=true
+    fi
+    local version
+    version=$(pg_cluster_version)
+    [ -n "$version" ] || die "PostgreSQL is installed but has no cluster under /etc/postgresql"
+    if [ ! -d "/etc/postgresql/$version/main" ]; then
+        pg_createcluster "$version" main >/dev/null || die "could not create a PostgreSQL cluster"
+        fresh=true
+    fi
+    if [ "$fresh" = true ]; then
+        trust_local_tcp "$version"
+        sed -i "s/^#\?port = .*/port = $PG_PORT/" "/etc/postgresql/$version/main/postgresql.conf"
+    fi
+    say "PostgreSQL $version is down; starting it"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start \
+        || die "could not start PostgreSQL (pg_ctlcluster $version main start failed; see /var/log/postgresql)"
+    wait_port "$PG_HOST" "$PG_PORT" PostgreSQL
     for _ in $(seq 1 60); do
-        pg_isready -q -h "$PGHOST_ADDR" -p "$PGPORT_NUM" && return 0
+        pg_isready -q -h "$PG_HOST" -p "$PG_PORT" && return 0
         sleep 0.5
     done
     die "PostgreSQL accepts TCP but not connections"
@@ -49,31 +117,52 @@ nats_server_bin() {
     command -v nats-server 2>/dev/null || { [ -x /usr/sbin/nats-server ] && echo /usr/sbin/nats-server; } || true
 }
 
+# Whether a NATS server (not just anything) answers on the port: it greets
+# every new connection with an INFO line.
+nats_answers() {
+    port_open "$1" "$2" || return 1
+    (
+        exec 4<>"/dev/tcp/$1/$2" || exit 1
+        IFS= read -r -t 2 line <&4 || exit 1
+        [[ $line == INFO* ]]
+    ) 2>/dev/null
+}
+
 ensure_nats() {
     local bin
     bin=$(nats_server_bin)
     if [ -z "$bin" ]; then
-        if command -v apt-get >/dev/null; then
-            say "nats-server is not installed; installing it from Debian's packages"
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q nats-server >/dev/null \
-                || die "could not install nats-server"
-            bin=$(nats_server_bin)
-        fi
+        apt_install nats-server || die "nats-server is not installed and cannot be installed"
+        bin=$(nats_server_bin)
         [ -n "$bin" ] || die "nats-server is not installed and cannot be installed"
     fi
     export OUTBOX_NATS_SERVER_BIN="$bin"
-    if ! port_open 127.0.0.1 "$NATS_PORT"; then
-        say "NATS is down; starting it with JetStream"
-        mkdir -p /var/lib/nats-server
-        start-stop-daemon --start --oknodo --background --exec "$bin" -- \
-            -a 127.0.0.1 -p "$NATS_PORT" -js -sd /var/lib/nats-server -l /var/log/nats-server.log \
-            || die "could not start nats-server"
-        wait_port 127.0.0.1 "$NATS_PORT" NATS
+    if port_open "$NATS_HOST" "$NATS_PORT"; then
+        nats_answers "$NATS_HOST" "$NATS_PORT" \
+            || die "port $NATS_PORT on $NATS_HOST is taken by something that is not NATS (listening: $(who_listens "$NATS_PORT"))"
+        return 0
     fi
+    case $NATS_HOST in
+        127.0.0.1|localhost) ;;
+        *) die "NATS at $NATS_HOST:$NATS_PORT (NATS_URL) is not reachable, and it is not on this machine" ;;
+    esac
+    # Our own server for this port, with its own pid file and store: any
+    # other nats-server process (another port, a test's private server)
+    # neither stops this one from starting nor counts as it.
+    local store=/var/lib/nats-server pidfile=/run/outbox-nats-$NATS_PORT.pid
+    [ "$NATS_PORT" = 4222 ] || store=/var/lib/nats-server-$NATS_PORT
+    mkdir -p "$store"
+    say "NATS is down on port $NATS_PORT; starting nats-server with JetStream"
+    start-stop-daemon --start --quiet --oknodo --background --make-pidfile --pidfile "$pidfile" \
+        --exec "$bin" -- -a 127.0.0.1 -p "$NATS_PORT" -js -sd "$store" -l "/var/log/nats-server-$NATS_PORT.log" \
+        || die "could not start nats-server on port $NATS_PORT"
+    for _ in $(seq 1 60); do
+        nats_answers 127.0.0.1 "$NATS_PORT" && return 0
+        sleep 0.5
+    done
+    die "nats-server did not come up on port $NATS_PORT (see /var/log/nats-server-$NATS_PORT.log; listening: $(who_listens "$NATS_PORT"))"
 }
 
 ensure_postgres
 ensure_nats
-export DATABASE_URL=${DATABASE_URL:-postgres://postgres@$PGHOST_ADDR:$PGPORT_NUM/postgres}
-export OUTBOX_NATS_URL=${OUTBOX_NATS_URL:-nats://127.0.0.1:$NATS_PORT}
-say "PostgreSQL at $PGHOST_ADDR:$PGPORT_NUM, NATS at 127.0.0.1:$NATS_PORT, nats-server at $OUTBOX_NATS_SERVER_BIN"
+say "PostgreSQL at $PG_HOST:$PG_PORT, NATS at $NATS_HOST:$NATS_PORT, nats-server at $OUTBOX_NATS_SERVER_BIN"

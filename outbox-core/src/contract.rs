@@ -70,7 +70,7 @@ pub trait OutboxEvent: Serialize + DeserializeOwned + JsonSchema + Send + Sync +
             return serde_json::from_str(payload.get()).map_err(|source| DecodeError::Payload {
                 event_type: Self::EVENT_TYPE,
                 version,
-                source,
+                source: source.into(),
             });
         }
         if version > Self::SCHEMA_VERSION {

@@ -130,8 +130,9 @@ pub enum EmitError {
 }
 
 /// One event ready to be written, type-erased: what `emit_all` and the
-/// relay tests use to emit events of several types in one batch.
-#[derive(Debug, Clone)]
+/// relay tests use to emit events of several types in one batch. Its
+/// `Debug` shows the payload with redacted fields masked.
+#[derive(Clone)]
 pub struct EventDraft {
     id: Uuid,
     event_type: &'static str,
@@ -141,6 +142,31 @@ pub struct EventDraft {
     aggregate_version: Option<i64>,
     payload: Box<RawValue>,
     traceparent: Option<String>,
+}
+
+impl std::fmt::Debug for EventDraft {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventDraft")
+            .field("id", &self.id)
+            .field("event_type", &self.event_type)
+            .field("schema_version", &self.schema_version)
+            .field("aggregate_type", &self.aggregate_type)
+            .field("aggregate_id", &self.aggregate_id)
+            .field("aggregate_version", &self.aggregate_version)
+            .field(
+                "payload",
+                &format_args!(
+                    "{}",
+                    crate::redact::redacted_payload(
+                        self.event_type,
+                        self.schema_version,
+                        self.payload.get()
+                    )
+                ),
+            )
+            .field("traceparent", &self.traceparent)
+            .finish()
+    }
 }
 
 impl EventDraft {

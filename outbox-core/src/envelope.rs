@@ -13,11 +13,11 @@ use uuid::Uuid;
 
 use crate::contract::{OutboxEvent, PayloadError};
 use crate::redact;
-use crate::registry::ContractRegistry;
 use crate::trace::TraceParent;
 
-/// An event with its metadata.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// An event with its metadata. Its `Debug` and `Display` show the payload
+/// with redacted fields masked ([`Envelope::redacted_payload`]).
+#[derive(Clone, Serialize, Deserialize)]
 pub struct Envelope {
     /// The event id (UUID v7): the identity consumers deduplicate on.
     pub id: Uuid,
@@ -67,22 +67,7 @@ impl Envelope {
     /// binary is shown with every value masked, since nothing says which
     /// fields are safe.
     pub fn redacted_payload(&self) -> serde_json::Value {
-        let mut value: serde_json::Value = serde_json::from_str(self.payload.get())
-            .unwrap_or_else(|_| serde_json::Value::String(redact::REDACTED.to_owned()));
-        let contract = ContractRegistry::global()
-            .ok()
-            .and_then(|registry| registry.get(&self.event_type, self.schema_version));
-        match contract {
-            Some(contract) => redact::mask_fields(&mut value, contract.redacted_fields),
-            None => {
-                if let serde_json::Value::Object(map) = &mut value {
-                    for field in map.values_mut() {
-                        *field = serde_json::Value::String(redact::REDACTED.to_owned());
-                    }
-                }
-            }
-        }
-        value
+        redact::redacted_payload(&self.event_type, self.schema_version, self.payload.get())
     }
 
     /// The CloudEvents attributes of this envelope (binary content mode),
@@ -177,6 +162,22 @@ impl Envelope {
             traceparent,
             payload,
         })
+    }
+}
+
+impl fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Envelope")
+            .field("id", &self.id)
+            .field("event_type", &self.event_type)
+            .field("schema_version", &self.schema_version)
+            .field("aggregate_type", &self.aggregate_type)
+            .field("aggregate_id", &self.aggregate_id)
+            .field("aggregate_version", &self.aggregate_version)
+            .field("occurred_at", &self.occurred_at)
+            .field("traceparent", &self.traceparent)
+            .field("payload", &format_args!("{}", self.redacted_payload()))
+            .finish()
     }
 }
 

@@ -8,6 +8,10 @@ pub const AFTER_PUBLISH: &str = "relay::after_publish";
 /// Consumer: after the inbox row and the effect committed, before the
 /// broker message is acknowledged.
 pub const CONSUMER_AFTER_COMMIT: &str = "consumer::after_commit";
+/// Consumer, strict ordering: a parked message's start was counted and
+/// committed, its handler's transaction has not begun (another instance
+/// may settle the message in between).
+pub const CONSUMER_DRAIN_BETWEEN: &str = "consumer::drain_between";
 
 /// What a failpoint does when hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +20,9 @@ pub enum Action {
     Panic,
     /// Never return (the process hangs there until killed).
     Hang,
+    /// Wait until the test calls `release` for this failpoint, then go on:
+    /// the test acts inside the window and lets the code continue.
+    Pause,
 }
 
 #[cfg(feature = "failpoints")]
@@ -28,6 +35,40 @@ mod active {
     fn table() -> &'static Mutex<HashMap<&'static str, (Action, u32)>> {
         static TABLE: OnceLock<Mutex<HashMap<&'static str, (Action, u32)>>> = OnceLock::new();
         TABLE.get_or_init(Default::default)
+    }
+
+    /// Per paused failpoint: whether code waits there, and the signal to go.
+    #[derive(Default)]
+    struct Gate {
+        waiting: std::sync::atomic::AtomicBool,
+        go: tokio::sync::Notify,
+    }
+
+    fn gates() -> &'static Mutex<HashMap<&'static str, std::sync::Arc<Gate>>> {
+        static GATES: OnceLock<Mutex<HashMap<&'static str, std::sync::Arc<Gate>>>> =
+            OnceLock::new();
+        GATES.get_or_init(Default::default)
+    }
+
+    fn gate(name: &'static str) -> std::sync::Arc<Gate> {
+        std::sync::Arc::clone(
+            gates()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(name)
+                .or_default(),
+        )
+    }
+
+    /// Whether code is waiting at the paused failpoint `name`.
+    pub fn is_paused(name: &'static str) -> bool {
+        gate(name).waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets code waiting at the paused failpoint `name` go on (and the next
+    /// one that arrives, if none waits yet).
+    pub fn release(name: &'static str) {
+        gate(name).go.notify_one();
     }
 
     /// Arms `name` for the next `times` hits.
@@ -54,10 +95,9 @@ mod active {
         for item in spec.split(',').filter(|s| !s.is_empty()) {
             let (name, action) = item.split_once('=').unwrap_or((item, "panic"));
             let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
-            let action = if action == "hang" {
-                Action::Hang
-            } else {
-                Action::Panic
+            let action = match action {
+                "hang" => Action::Hang,
+                _ => Action::Panic,
             };
             arm(name, action, u32::MAX);
         }
@@ -80,13 +120,21 @@ mod active {
                 eprintln!("failpoint {name} hit: hanging");
                 std::future::pending::<()>().await
             }
+            Some(Action::Pause) => {
+                let gate = gate(name);
+                gate.waiting
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                gate.go.notified().await;
+                gate.waiting
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+            }
             None => {}
         }
     }
 }
 
 #[cfg(feature = "failpoints")]
-pub use active::{arm, arm_from_env, disarm};
+pub use active::{arm, arm_from_env, disarm, is_paused, release};
 
 #[cfg(feature = "failpoints")]
 pub(crate) use active::hit;

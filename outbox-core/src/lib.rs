@@ -15,6 +15,8 @@
 //! per aggregate, never global.
 
 #[cfg(feature = "postgres")]
+pub mod audit;
+#[cfg(feature = "postgres")]
 pub mod consumer;
 mod contract;
 #[cfg(feature = "postgres")]
@@ -42,9 +44,9 @@ pub use contract::{ContractKey, EventContract, OutboxEvent, PayloadError, Upcast
 #[cfg(feature = "postgres")]
 pub use emit::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft, Outbox, emit, emit_all};
 pub use envelope::{Envelope, EnvelopeError, ce, dataschema_uri};
-pub use redact::{REDACTED, mask_fields};
+pub use redact::{REDACTED, mask_all, mask_fields, redacted_payload, scrub_message};
 pub use registry::{ContractRegistry, RegistryError, RegistryErrors, submitted_contracts};
-pub use upcast::{BoxError, DecodeError, UpcastError};
+pub use upcast::{BoxError, DecodeError, PayloadMismatch, UpcastError, UpcastFailure};
 
 /// Derives [`OutboxEvent`] for a struct with named fields; see the crate
 /// README for every attribute.

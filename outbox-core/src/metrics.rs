@@ -28,6 +28,9 @@ pub const MOVED_TO_FAILED: &str = "outbox_relay_failed_total";
 pub const BATCH_DURATION: &str = "outbox_relay_batch_duration_seconds";
 /// Events per claimed batch (histogram, label `schema`).
 pub const BATCH_EVENTS: &str = "outbox_relay_batch_events";
+/// Whether the relay's transport can publish: 1 up, 0 down (gauge, labels
+/// `schema`, `transport`). While it is 0 the relay claims nothing.
+pub const TRANSPORT_UP: &str = "outbox_relay_transport_up";
 /// Claims or completions that failed on the database (counter, label `schema`).
 pub const STORE_ERRORS: &str = "outbox_relay_store_errors_total";
 /// Published rows deleted by retention (counter, label `schema`).
@@ -49,7 +52,7 @@ pub fn record_stats(schema: &str, stats: &OutboxStats) {
 }
 
 /// Messages a consumer settled (counter, labels `consumer`, `outcome` =
-/// applied|duplicate|stale|parked|quarantined|ignored|retry|dead_lettered).
+/// applied|duplicate|stale|parked|quarantined|ignored|foreign|retry|dead_lettered).
 pub const CONSUMER_MESSAGES: &str = "outbox_consumer_messages_total";
 /// Duplicates a consumer's inbox rejected (counter, label `consumer`).
 pub const CONSUMER_DUPLICATES: &str = "outbox_consumer_duplicates_total";
@@ -65,6 +68,12 @@ pub const CONSUMER_LAG: &str = "outbox_consumer_lag_seconds";
 pub const CONSUMER_PENDING: &str = "outbox_consumer_pending_messages";
 /// Time a handler ran, including its failures (histogram, label `consumer`).
 pub const CONSUMER_HANDLER_DURATION: &str = "outbox_consumer_handler_duration_seconds";
+/// Aggregates a strict consumer started at the lowest version that arrived,
+/// because it had never seen them before (counter, label `consumer`).
+pub const CONSUMER_STRICT_STARTS: &str = "outbox_consumer_strict_starts_total";
+/// Letters replayed into a consumer (counter, labels `consumer`, `outcome`
+/// = applied|already_applied|stale|parked|ignored|failed|still_unreadable|not_found).
+pub const CONSUMER_REPLAYS: &str = "outbox_consumer_replays_total";
 /// Database or source errors of a consumer loop (counter, labels
 /// `consumer`, `kind` = database|source).
 pub const CONSUMER_ERRORS: &str = "outbox_consumer_errors_total";

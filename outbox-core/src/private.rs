@@ -10,7 +10,9 @@ pub use std::string::String;
 
 pub use crate::contract::{EventContract, UpcastKind, UpcastLink};
 pub use crate::registry::ContractEntry;
-pub use crate::upcast::{BoxError, DecodeError, JsonUpcastFn, UpcastFrom, decode_json};
+pub use crate::upcast::{
+    BoxError, DecodeError, JsonUpcastFn, UpcastFailure, UpcastFrom, decode_json,
+};
 
 /// Renders the field marked `#[outbox(aggregate_id)]` as the string id.
 #[diagnostic::on_unimplemented(

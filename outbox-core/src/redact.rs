@@ -2,9 +2,13 @@
 //!
 //! The derive records the serialized keys of redacted fields; this file masks
 //! them in a JSON payload. Every place that shows or logs a payload (errors,
-//! quarantine listings, operator tools) goes through here.
+//! quarantine listings, operator tools, `Debug` output) goes through here,
+//! and error messages that could quote a value (serde's "invalid type:
+//! string \"...\"") are scrubbed of quoted values first.
 
 use serde_json::Value;
+
+use crate::registry::ContractRegistry;
 
 /// What a redacted value is replaced with.
 pub const REDACTED: &str = "[REDACTED]";
@@ -24,10 +28,141 @@ pub fn mask_fields(payload: &mut Value, fields: &[&str]) {
     }
 }
 
+/// A payload as it may be shown: the fields the contract of (`event_type`,
+/// `schema_version`) marks redacted are masked; for an event type or
+/// version this binary has no contract for, every value is masked (nothing
+/// says which fields are safe); text that is not JSON is not shown at all.
+pub fn redacted_payload(event_type: &str, schema_version: u32, payload: &str) -> Value {
+    let Ok(mut value) = serde_json::from_str::<Value>(payload) else {
+        return Value::String(format!("[{} bytes, not JSON]", payload.len()));
+    };
+    let contract = ContractRegistry::global()
+        .ok()
+        .and_then(|registry| registry.get(event_type, schema_version));
+    match contract {
+        Some(contract) => mask_fields(&mut value, contract.redacted_fields),
+        None => mask_all(&mut value),
+    }
+    value
+}
+
+/// Masks every value of an object (or the whole value when it is not one).
+pub fn mask_all(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for field in map.values_mut() {
+                *field = Value::String(REDACTED.to_owned());
+            }
+        }
+        other => *other = Value::String(REDACTED.to_owned()),
+    }
+}
+
+/// An error message with the values it quotes taken out, so that an error
+/// about a redacted field cannot carry its secret into a log, a stored
+/// reason or an operator's screen.
+///
+/// serde and most `Deserialize` impls quote the offending input in `"…"`,
+/// `` `…` `` or `'…'` ("invalid type: string \"alice@…\", expected u64").
+/// Every quoted span is replaced by `…`, except the ones that name the
+/// schema rather than the input: a span right after the word `field`
+/// (`missing field `email``) and the spans of an `expected …` clause, until
+/// a `found` or `got` clause starts.
+///
+/// ```
+/// use outbox_core::scrub_message;
+/// assert_eq!(
+///     scrub_message("invalid type: string \"4111-1111\", expected u64 at line 1 column 20"),
+///     "invalid type: string \"…\", expected u64 at line 1 column 20"
+/// );
+/// assert_eq!(scrub_message("missing field `email`"), "missing field `email`");
+/// ```
+pub fn scrub_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(['"', '`', '\'']) {
+        let (before, from_quote) = rest.split_at(start);
+        out.push_str(before);
+        let lower = out.to_ascii_lowercase();
+        let keep = in_expected_clause(&lower);
+        let quote = from_quote.chars().next().unwrap_or('"');
+        let inner = &from_quote[quote.len_utf8()..];
+        let Some(end) = inner.find(quote) else {
+            // An unterminated quote: hide everything after it.
+            out.push(quote);
+            out.push('…');
+            return out;
+        };
+        let quoted = &inner[..end];
+        let names_the_schema =
+            keep || lower.trim_end().ends_with("field") || lower.trim_end().ends_with("fields");
+        out.push(quote);
+        if names_the_schema {
+            out.push_str(quoted);
+        } else {
+            out.push('…');
+        }
+        out.push(quote);
+        rest = &inner[end + quote.len_utf8()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether a quoted span after `before` belongs to an `expected` clause:
+/// the latest of "expected" and the markers of input text wins.
+fn in_expected_clause(before: &str) -> bool {
+    let expected = before.rfind("expected");
+    let input = ["found", "got", "invalid", "unknown variant", "value:"]
+        .iter()
+        .filter_map(|marker| before.rfind(marker))
+        .max();
+    match (expected, input) {
+        (Some(e), Some(i)) => e > i,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn scrubbing_takes_out_quoted_input_and_keeps_schema_names() {
+        for (message, expected) in [
+            (
+                "invalid type: string \"alice@example.org\", expected u64 at line 1 column 30",
+                "invalid type: string \"…\", expected u64 at line 1 column 30",
+            ),
+            (
+                "invalid value: integer `4111`, expected a card",
+                "invalid value: integer `…`, expected a card",
+            ),
+            (
+                "unknown variant `secret`, expected one of `Card`, `Cash`",
+                "unknown variant `…`, expected one of `Card`, `Cash`",
+            ),
+            (
+                "invalid character: expected an optional prefix of `urn:uuid:` followed by [0-9a-fA-F-], found `z` at 1",
+                "invalid character: expected an optional prefix of `urn:uuid:` followed by [0-9a-fA-F-], found `…` at 1",
+            ),
+            ("missing field `email`", "missing field `email`"),
+            (
+                "unknown field `emial`, expected one of `email`, `name`",
+                "unknown field `emial`, expected one of `email`, `name`",
+            ),
+            (
+                "invalid type: char 'x', expected u8",
+                "invalid type: char '…', expected u8",
+            ),
+            ("a quote \" that never ends secret", "a quote \"…"),
+            ("no quotes at all", "no quotes at all"),
+        ] {
+            assert_eq!(scrub_message(message), expected, "{message}");
+        }
+    }
 
     #[test]
     fn masks_present_keys_and_leaves_the_rest() {

@@ -20,6 +20,10 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 pub type JsonUpcastFn = fn(Value) -> Result<Value, BoxError>;
 
 /// A payload could not be turned into the requested contract.
+///
+/// Its `Display` and `Debug` never quote payload values (they may be
+/// redacted fields): serde's messages are passed through
+/// [`scrub_message`](crate::scrub_message).
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     /// The message was written with a schema version newer than this binary knows.
@@ -53,9 +57,9 @@ pub enum DecodeError {
         event_type: &'static str,
         /// The version whose contract was applied.
         version: u32,
-        /// What serde_json reported (names the field and position).
+        /// What serde_json reported (the field and position, values taken out).
         #[source]
-        source: serde_json::Error,
+        source: PayloadMismatch,
     },
     /// An upcast step failed.
     #[error("{event_type}: upcast from v{from} to v{} failed: {source}", from + 1)]
@@ -64,11 +68,94 @@ pub enum DecodeError {
         event_type: &'static str,
         /// The version the failing step reads.
         from: u32,
-        /// What the step reported.
+        /// What the step reported (quoted values taken out).
         #[source]
-        source: BoxError,
+        source: UpcastFailure,
     },
 }
+
+/// What serde_json reported about a payload that does not match its
+/// contract, shown without the values it quotes.
+pub struct PayloadMismatch(serde_json::Error);
+
+impl PayloadMismatch {
+    /// The line of the payload where it went wrong.
+    pub fn line(&self) -> usize {
+        self.0.line()
+    }
+
+    /// The column of the payload where it went wrong.
+    pub fn column(&self) -> usize {
+        self.0.column()
+    }
+
+    /// What kind of problem it was (syntax, data, end of input).
+    pub fn classify(&self) -> serde_json::error::Category {
+        self.0.classify()
+    }
+}
+
+impl From<serde_json::Error> for PayloadMismatch {
+    fn from(error: serde_json::Error) -> Self {
+        PayloadMismatch(error)
+    }
+}
+
+impl std::fmt::Display for PayloadMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::redact::scrub_message(&self.0.to_string()))
+    }
+}
+
+impl std::fmt::Debug for PayloadMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PayloadMismatch")
+            .field(&self.to_string())
+            .finish()
+    }
+}
+
+impl StdError for PayloadMismatch {}
+
+/// What an upcast step (a `TryFrom` or a JSON upcaster) reported, shown
+/// without the values it quotes. The step's own error stays reachable for
+/// code that wants to inspect it.
+pub struct UpcastFailure(BoxError);
+
+impl UpcastFailure {
+    /// Wraps a step's error.
+    pub fn new(error: BoxError) -> Self {
+        UpcastFailure(error)
+    }
+
+    /// The step's own error, unscrubbed: do not log it when the payload may
+    /// hold redacted fields.
+    pub fn inner(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl From<BoxError> for UpcastFailure {
+    fn from(error: BoxError) -> Self {
+        UpcastFailure(error)
+    }
+}
+
+impl std::fmt::Display for UpcastFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::redact::scrub_message(&self.0.to_string()))
+    }
+}
+
+impl std::fmt::Debug for UpcastFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("UpcastFailure")
+            .field(&self.to_string())
+            .finish()
+    }
+}
+
+impl StdError for UpcastFailure {}
 
 /// A plain error for JSON upcasters and `TryFrom` impls that only need a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -122,7 +209,7 @@ where
         serde_json::from_str(payload.get()).map_err(|source| DecodeError::Payload {
             event_type: T::EVENT_TYPE,
             version,
-            source,
+            source: source.into(),
         })?;
     for from in version..T::SCHEMA_VERSION {
         let Some(step) = from
@@ -138,12 +225,12 @@ where
         value = step(value).map_err(|source| DecodeError::Upcast {
             event_type: T::EVENT_TYPE,
             from,
-            source,
+            source: source.into(),
         })?;
     }
     serde_json::from_value(value).map_err(|source| DecodeError::Payload {
         event_type: T::EVENT_TYPE,
         version: T::SCHEMA_VERSION,
-        source,
+        source: source.into(),
     })
 }

@@ -74,7 +74,7 @@ fn expand(cont: &Container<'_>) -> TokenStream {
                 #convert.map_err(|source| #private::DecodeError::Upcast {
                     event_type: #event_type,
                     from: #version - 1,
-                    source,
+                    source: #private::UpcastFailure::new(source),
                 })
             };
             let link = quote! {

@@ -148,3 +148,18 @@ impl PieceMoved {
         }
     }
 }
+
+/// A card charge whose card number is personal data (`#[outbox(redact)]`),
+/// for tests that a secret never shows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "card.charged", aggregate = "card", version = 1)]
+pub struct CardCharged {
+    /// The charge.
+    #[outbox(aggregate_id)]
+    pub charge_id: String,
+    /// The card number.
+    #[outbox(redact)]
+    pub card_number: u64,
+    /// The amount in cents.
+    pub amount_cents: i64,
+}

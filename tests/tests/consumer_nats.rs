@@ -152,7 +152,7 @@ async fn article_6_over_jetstream_unreadable_versions_are_quarantined_and_the_st
     let consumer = tick_consumer(&db, name, ConsumerConfig::default(), Duration::ZERO, &[]);
     let mut config = JetStreamSourceConfig::for_consumer(&consumer, nats_config(&server)).unwrap();
     // The whole stream, so the unknown type reaches this consumer too.
-    config.filter_subject = "events.>".into();
+    config.filter_subjects = vec!["events.>".into()];
     let task = consumer.spawn(JetStreamSource::connect(config).await.unwrap());
 
     let subject = "events.counter.counter.ticked";

@@ -170,9 +170,13 @@ impl ConsumerBuilder {
         self.on::<E, _>(FnHandler(handler))
     }
 
-    /// Acknowledges messages of `event_type` without handling them (a
-    /// shared stream carries events this consumer does not care about).
-    /// Any other type without a handler is quarantined.
+    /// Acknowledges messages of `event_type` without handling them. Known
+    /// event types of the consumer's aggregate types are ignored without
+    /// this; it is for types without a contract in this binary (which
+    /// would otherwise be quarantined) and, under strict ordering, the
+    /// required statement that a type of a handled aggregate only moves
+    /// the position. Events of other aggregate types are foreign and
+    /// acknowledged anyway.
     pub fn ignore(mut self, event_type: impl Into<String>) -> Self {
         self.ignored.insert(event_type.into());
         self
@@ -275,9 +279,19 @@ impl ConsumerBuilder {
                 }
             }
         }
-        if !problems.is_empty() {
-            return Err(BuildErrors(problems));
-        }
+        // A missing registry was reported as a problem above.
+        let registry = match registry {
+            Some(registry) if problems.is_empty() => registry,
+            _ => return Err(BuildErrors(problems)),
+        };
+        let mut aggregate_types: BTreeSet<&'static str> =
+            handlers.values().map(|h| h.aggregate_type()).collect();
+        aggregate_types.extend(
+            self.ignored
+                .iter()
+                .filter_map(|event_type| registry.current(event_type))
+                .map(|contract| contract.aggregate_type),
+        );
         let name: Arc<str> = Arc::from(self.name.as_str());
         Ok(Consumer {
             inner: Arc::new(Inner {
@@ -291,6 +305,8 @@ impl ConsumerBuilder {
                 name,
                 handlers,
                 ignored: self.ignored,
+                aggregate_types,
+                registry,
                 skipped_types,
                 config: self.config,
             }),

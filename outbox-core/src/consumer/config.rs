@@ -12,7 +12,7 @@ use crate::store::ConfigError;
 /// | message version `v`, position `p` | `Unordered` | `RejectStale` | `Strict` |
 /// |---|---|---|---|
 /// | `v = p + 1` | applied | applied, `p := v` | applied, `p := v`, then parked `v + 1`… |
-/// | `v > p + 1` (a gap) | applied | applied, `p := v` (the gap is skipped for good) | parked until `p + 1` arrives; after `park_timeout` the aggregate's parked messages go to dead letters |
+/// | `v > p + 1` (a gap) | applied | applied, `p := v` (the gap is skipped for good) | parked until `p + 1` arrives; after `park_timeout` the aggregate's parked messages go to dead letters (or, for an aggregate the consumer never started, the lowest parked version becomes its start: see [`StrictStart`]) |
 /// | `v <= p` (old or repeated) | applied | acknowledged, counted as stale, not applied | acknowledged, counted as stale, not applied |
 ///
 /// - `Unordered`: the handler is commutative or keyed by event id (counters
@@ -37,6 +37,33 @@ pub enum Ordering {
         /// How long a message may wait for its missing predecessor.
         park_timeout: Duration,
     },
+}
+
+/// Where a strict consumer starts an aggregate it has never seen: one that
+/// existed before the consumer did, or whose first versions are gone from
+/// the broker (a stream trimmed by age or size).
+///
+/// Either way, a message whose predecessor is missing first waits in the
+/// parked table for up to the park timeout: a version that arrives early
+/// because its predecessor's handler failed, or was delivered to another
+/// instance, is not mistaken for a start. Once a handler was started on an
+/// aggregate (even one that failed), its start is fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StrictStart {
+    /// The lowest version that arrived before the park timeout ran out
+    /// becomes the aggregate's start, and the parked versions are applied
+    /// from there (logged, and counted in
+    /// `outbox_consumer_strict_starts_total`). The default: a consumer added
+    /// to a running system, or reading a trimmed stream, starts where its
+    /// stream starts.
+    #[default]
+    LowestSeen,
+    /// Every aggregate starts at version 1: a consumer that never received
+    /// version 1 of an aggregate dead-letters its parked versions after the
+    /// park timeout, naming the missing version. For consumers that were
+    /// there from an aggregate's first event and read a stream that keeps
+    /// everything.
+    VersionOne,
 }
 
 /// Retries of a failing handler.
@@ -70,7 +97,8 @@ impl Default for RetryPolicy {
 pub struct ConsumerConfig {
     /// The ordering policy (default [`Ordering::RejectStale`]).
     pub ordering: Ordering,
-    /// Retries of failing handlers.
+    /// Retries of failing handlers (a parked message whose handler fails
+    /// waits for the same backoff before its next start).
     pub retry: RetryPolicy,
     /// Messages per database transaction (default 1). Above 1 the consumer
     /// takes up to this many messages from its source at once, records
@@ -84,6 +112,9 @@ pub struct ConsumerConfig {
     /// How often a strict consumer looks for parked messages that are
     /// ready or expired (default 1 s).
     pub sweep_interval: Duration,
+    /// Where a strict consumer starts an aggregate it has never seen
+    /// (default [`StrictStart::LowestSeen`]).
+    pub strict_start: StrictStart,
 }
 
 impl Default for ConsumerConfig {
@@ -94,6 +125,7 @@ impl Default for ConsumerConfig {
             batch_size: 1,
             error_backoff: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(1),
+            strict_start: StrictStart::default(),
         }
     }
 }

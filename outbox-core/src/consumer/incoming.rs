@@ -8,11 +8,13 @@ use crate::envelope::{Envelope, EnvelopeError};
 /// transport prefix: `id`, `type`, `schemaversion`, ...), the raw payload
 /// bytes, and the delivery attempt. Kept raw so a message that cannot be
 /// read is quarantined byte for byte.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Incoming {
     attributes: Vec<(String, String)>,
     payload: Vec<u8>,
     attempt: u32,
+    /// Why the source could not read the message's headers, if it could not.
+    problem: Option<String>,
 }
 
 impl Incoming {
@@ -22,7 +24,27 @@ impl Incoming {
             attributes,
             payload,
             attempt: attempt.max(1),
+            problem: None,
         }
+    }
+
+    /// A message whose headers the source could not decode (a malformed
+    /// percent-encoding, say): the consumer quarantines it with `reason`.
+    pub fn malformed(
+        attributes: Vec<(String, String)>,
+        payload: Vec<u8>,
+        attempt: u32,
+        reason: impl Into<String>,
+    ) -> Incoming {
+        Incoming {
+            problem: Some(reason.into()),
+            ..Incoming::new(attributes, payload, attempt)
+        }
+    }
+
+    /// Why the source could not read the headers, when it could not.
+    pub fn problem(&self) -> Option<&str> {
+        self.problem.as_deref()
     }
 
     /// The message a relay would publish for `envelope`.
@@ -84,6 +106,34 @@ impl Incoming {
     }
 }
 
+impl std::fmt::Debug for Incoming {
+    /// The payload is shown with the redacted fields of its contract
+    /// masked (every value, when the message names no known contract).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let payload = std::str::from_utf8(&self.payload).map(|text| {
+            let event_type = self.attribute(crate::envelope::ce::TYPE).unwrap_or("");
+            let version = self
+                .attribute(crate::envelope::ce::SCHEMAVERSION)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            crate::redact::redacted_payload(event_type, version, text)
+        });
+        let mut debug = f.debug_struct("Incoming");
+        debug.field("attributes", &self.attributes);
+        match payload {
+            Ok(payload) => debug.field("payload", &format_args!("{payload}")),
+            Err(_) => debug.field(
+                "payload",
+                &format_args!("[{} bytes, not UTF-8]", self.payload.len()),
+            ),
+        };
+        debug
+            .field("attempt", &self.attempt)
+            .field("problem", &self.problem)
+            .finish()
+    }
+}
+
 /// What the consumer did with a message. Every variant but
 /// [`Outcome::Retry`] means "acknowledge it".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +160,10 @@ pub enum Outcome {
     },
     /// The event type is one this consumer ignores on purpose.
     Ignored,
+    /// The event belongs to an aggregate type this consumer has no handler
+    /// for (another service's event in a shared stream): acknowledged,
+    /// counted, nothing stored.
+    Foreign,
     /// The handler failed; deliver again after `delay`.
     Retry {
         /// The backoff delay.
@@ -135,6 +189,7 @@ impl Outcome {
             Outcome::Parked { .. } => "parked",
             Outcome::Quarantined { .. } => "quarantined",
             Outcome::Ignored => "ignored",
+            Outcome::Foreign => "foreign",
             Outcome::Retry { .. } => "retry",
             Outcome::DeadLettered { .. } => "dead_lettered",
         }

@@ -31,20 +31,27 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Messages that cannot be read (no contract for the event type, a schema
-//! version newer than the handler's, a payload that does not decode or
-//! upcast) go to the quarantine with the raw bytes, the headers and the
-//! reason, and are acknowledged. A handler that fails is retried with
-//! backoff up to [`RetryPolicy::max_attempts`] deliveries, then the message
-//! goes to the dead letters with the last error. Other aggregates go on.
+//! Messages of its own aggregate types that cannot be read (no contract
+//! for the event type, a schema version newer than the handler's, a
+//! payload that does not decode or upcast) go to the quarantine with the
+//! raw bytes, the headers and the reason, and are acknowledged. A handler
+//! that fails is retried with backoff up to [`RetryPolicy::max_attempts`]
+//! deliveries, then the message goes to the dead letters with the last
+//! error. Other aggregates go on. Neither holds an inbox row, so after a
+//! fix [`Consumer::replay`] applies them once. Events of aggregate types
+//! the consumer has no handler for are acknowledged as
+//! [`Outcome::Foreign`]: nothing about them is stored.
 
+mod batch;
 mod builder;
 mod config;
 mod handler;
 mod incoming;
 mod process;
+mod replay;
 mod runner;
 mod source;
+mod strict;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -53,18 +60,21 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 pub use builder::{BuildError, BuildErrors, ConsumerBuilder};
-pub use config::{ConsumerConfig, Ordering, RetryPolicy};
+pub use config::{ConsumerConfig, Ordering, RetryPolicy, StrictStart};
 pub use handler::{EventMeta, Handler, HandlerError, Received, idempotency_key};
 pub use incoming::{Incoming, Outcome};
-pub use process::{ConsumerError, SweepReport};
+pub use process::ConsumerError;
+pub use replay::{ReplayError, ReplayOutcome, ReplayReport};
 pub use runner::ConsumerTask;
 pub use source::{
     ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, ChannelStatsHandle, Delivery,
     MessageSource, SourceError, channel,
 };
+pub use strict::SweepReport;
 
 pub(crate) use config::validate_name as validate_durable;
 
+use crate::registry::ContractRegistry;
 use crate::store::SchemaName;
 use crate::store::consumer::ConsumerSql;
 use handler::Dispatch;
@@ -86,6 +96,12 @@ pub(crate) struct Inner {
     pub(crate) begin_sql: String,
     pub(crate) handlers: HashMap<&'static str, Box<dyn Dispatch>>,
     pub(crate) ignored: BTreeSet<String>,
+    /// The aggregate types of its handlers and ignored types: events of
+    /// any other aggregate type are foreign to it.
+    pub(crate) aggregate_types: BTreeSet<&'static str>,
+    /// The contracts it was checked against (those linked into the binary,
+    /// unless the builder was given others).
+    pub(crate) registry: ContractRegistry,
     /// Strict only: (aggregate type, event type) of ignored types that still
     /// move positions, so they must be delivered.
     pub(crate) skipped_types: Vec<(&'static str, &'static str)>,

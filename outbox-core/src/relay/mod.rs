@@ -10,6 +10,7 @@
 
 pub mod config;
 pub use crate::failpoint;
+mod health;
 pub mod retention;
 pub mod store;
 mod waves;
@@ -25,6 +26,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 pub use config::{Backoff, FailedHeadPolicy, RelayConfig};
+pub use health::RelayHealth;
 pub use store::{
     BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, FailedAttempt, OutboxStats,
     RelayStore, StoreError, WakeupListener,
@@ -45,6 +47,7 @@ pub struct Relay {
     id: Uuid,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    health: Arc<health::HealthState>,
 }
 
 impl Relay {
@@ -75,12 +78,14 @@ impl Relay {
         config.validate()?;
         let id = Uuid::now_v7();
         let (shutdown, receiver) = watch::channel(false);
+        let health = Arc::new(health::HealthState::new());
         let shared = Arc::new(Shared {
             store,
             transport,
             wake: Notify::new(),
             schema_label: label.to_owned(),
             config,
+            health: Arc::clone(&health),
         });
         let mut tasks = Vec::new();
         if shared.config.listen {
@@ -107,12 +112,20 @@ impl Relay {
             id,
             shutdown,
             tasks,
+            health,
         })
     }
 
     /// This relay's id.
     pub fn id(&self) -> Uuid {
         self.id
+    }
+
+    /// Whether the relay can publish: its transport's state as the workers
+    /// last saw it (before each claim), with the reason and the start of an
+    /// outage. For a service's health endpoint.
+    pub fn health(&self) -> RelayHealth {
+        self.health.get()
     }
 
     /// Asks every worker to stop after its current batch.

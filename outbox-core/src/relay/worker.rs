@@ -9,11 +9,12 @@ use tokio::sync::{Notify, watch};
 use uuid::Uuid;
 
 use super::config::RelayConfig;
+use super::health::HealthState;
 use super::store::{BatchOutcome, ClaimedBatch, FailedAttempt, RelayStore};
 use super::waves;
 use crate::envelope::Envelope;
 use crate::metrics as m;
-use crate::transport::{PublishFailure, Transport};
+use crate::transport::{PublishFailure, Transport, TransportHealth};
 
 /// What workers share.
 pub(crate) struct Shared<S, T> {
@@ -22,6 +23,7 @@ pub(crate) struct Shared<S, T> {
     pub(crate) config: RelayConfig,
     pub(crate) wake: Notify,
     pub(crate) schema_label: String,
+    pub(crate) health: Arc<HealthState>,
 }
 
 /// How often a worker refreshes its heartbeat: other workers count it as
@@ -41,7 +43,29 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
         tracing::warn!(%error, "relay could not register its worker");
     }
     let mut consecutive_errors: u32 = 0;
+    let mut consecutive_down: u32 = 0;
     while !*shutdown.borrow() {
+        // A transport that is down would fail every publish and walk the
+        // events towards the failed state: claim nothing until it is back.
+        match shared.transport.health().await {
+            TransportHealth::Up => {
+                consecutive_down = 0;
+                shared
+                    .health
+                    .transport_up(&shared.schema_label, shared.transport.name());
+            }
+            TransportHealth::Down { reason } => {
+                consecutive_down = consecutive_down.saturating_add(1);
+                shared
+                    .health
+                    .transport_down(&shared.schema_label, shared.transport.name(), reason);
+                let delay =
+                    error_delay(config.error_backoff, consecutive_down).min(TRANSPORT_RECHECK_MAX);
+                sleep_or_stop(delay, &mut shutdown).await;
+                continue;
+            }
+        }
+
         // Registered before the claim: a notification that arrives between
         // an empty claim and the sleep is not lost.
         let notified = shared.wake.notified();
@@ -110,6 +134,10 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
         tracing::warn!(%error, "relay could not deregister");
     }
 }
+
+/// The longest pause between two looks at a transport that is down: once
+/// the broker is back, publishing resumes within this.
+const TRANSPORT_RECHECK_MAX: Duration = Duration::from_secs(5);
 
 fn error_delay(base: Duration, consecutive: u32) -> Duration {
     let factor = 2u32.saturating_pow(consecutive.saturating_sub(1).min(10));

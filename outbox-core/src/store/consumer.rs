@@ -51,14 +51,19 @@ pub(crate) struct ParkedMessage {
 pub(crate) struct ConsumerSql {
     count_start: String,
     forget_starts: String,
+    forget_processed: String,
     inbox_one: String,
+    inbox_replay: String,
     inbox_many: String,
     lock_positions: String,
     advance_if_newer: String,
     lock_position: String,
     set_position: String,
+    pin_position: String,
+    baseline: String,
     park: String,
     start_parked: String,
+    lock_parked: String,
     unpark: String,
     unpark_through: String,
     parked_failed: String,
@@ -67,11 +72,20 @@ pub(crate) struct ConsumerSql {
     dead_letter_parked: String,
     expire_parked: String,
     letter: String,
+    lock_letter: String,
+    resolve_letter: String,
+    letter_replay_failed: String,
 }
 
 impl ConsumerSql {
     pub(crate) fn new(schema: &SchemaName) -> ConsumerSql {
         let s = schema.quoted();
+        let moved_headers = "jsonb_strip_nulls(jsonb_build_object(
+                            'specversion', '1.0', 'id', envelope->>'id', 'type', envelope->>'event_type',
+                            'schemaversion', envelope->>'schema_version',
+                            'aggregatetype', envelope->>'aggregate_type', 'aggregateid', envelope->>'aggregate_id',
+                            'aggregateversion', envelope->>'aggregate_version', 'time', envelope->>'occurred_at',
+                            'traceparent', envelope->>'traceparent'))";
         ConsumerSql {
             // A redelivery's handler start, counted (first deliveries
             // count as start 1 without a row).
@@ -85,13 +99,31 @@ impl ConsumerSql {
             forget_starts: format!(
                 "DELETE FROM {s}.outbox_consumer_attempts WHERE consumer_name = $1 AND event_id = $2"
             ),
+            forget_processed: format!(
+                "DELETE FROM {s}.outbox_processed_events WHERE consumer_name = $1 AND event_id = $2"
+            ),
+            // The inbox key, unless an open letter holds the event: a
+            // redelivery of a quarantined or dead-lettered message is a
+            // duplicate until the letter is replayed or discarded.
             inbox_one: format!(
+                "INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
+                 SELECT $1, $2 WHERE NOT EXISTS (
+                     SELECT 1 FROM {s}.outbox_dead_letters
+                     WHERE consumer_name = $1 AND event_id = $2 AND resolved_at IS NULL)
+                 ON CONFLICT DO NOTHING"
+            ),
+            // A replay: the letter being replayed holds the event.
+            inbox_replay: format!(
                 "INSERT INTO {s}.outbox_processed_events (consumer_name, event_id) VALUES ($1, $2)
                  ON CONFLICT DO NOTHING"
             ),
             inbox_many: format!(
                 "INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
-                 SELECT $1, id FROM unnest($2::uuid[]) AS t(id) ORDER BY id
+                 SELECT $1, id FROM unnest($2::uuid[]) AS t(id)
+                 WHERE NOT EXISTS (
+                     SELECT 1 FROM {s}.outbox_dead_letters d
+                     WHERE d.consumer_name = $1 AND d.event_id = t.id AND d.resolved_at IS NULL)
+                 ORDER BY id
                  ON CONFLICT DO NOTHING RETURNING event_id"
             ),
             // Batch mode: locks the position rows of all the batch's
@@ -99,8 +131,8 @@ impl ConsumerSql {
             // overlapping batches wait for each other instead of deadlocking.
             lock_positions: format!(
                 "INSERT INTO {s}.outbox_consumer_positions AS p
-                    (consumer_name, aggregate_type, aggregate_id, version)
-                 SELECT $1, t, i, 0 FROM unnest($2::text[], $3::text[]) AS u(t, i)
+                    (consumer_name, aggregate_type, aggregate_id, version, pinned)
+                 SELECT $1, t, i, 0, false FROM unnest($2::text[], $3::text[]) AS u(t, i)
                  ORDER BY t, i
                  ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
                  DO UPDATE SET version = p.version"
@@ -117,35 +149,66 @@ impl ConsumerSql {
                  WHERE p.version < EXCLUDED.version
                  RETURNING p.version"
             ),
-            // Strict: lock the position row (creating it at 0) and read it.
+            // Strict: lock the position row (creating it at 0, not pinned)
+            // and read it.
             lock_position: format!(
                 "INSERT INTO {s}.outbox_consumer_positions AS p
-                    (consumer_name, aggregate_type, aggregate_id, version)
-                 VALUES ($1, $2, $3, 0)
+                    (consumer_name, aggregate_type, aggregate_id, version, pinned)
+                 VALUES ($1, $2, $3, 0, false)
                  ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
                  DO UPDATE SET version = p.version
-                 RETURNING p.version"
+                 RETURNING p.version, p.pinned"
             ),
             set_position: format!(
-                "UPDATE {s}.outbox_consumer_positions SET version = $4, updated_at = now()
+                "UPDATE {s}.outbox_consumer_positions SET version = $4, pinned = true, updated_at = now()
                  WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3"
+            ),
+            // Strict: a handler started on an aggregate that was never
+            // started before: its version ($4 + 1) is where the aggregate
+            // starts, even though the handler failed.
+            pin_position: format!(
+                "INSERT INTO {s}.outbox_consumer_positions AS p
+                    (consumer_name, aggregate_type, aggregate_id, version, pinned)
+                 VALUES ($1, $2, $3, $4, true)
+                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+                 DO UPDATE SET version = EXCLUDED.version, pinned = true, updated_at = now()
+                 WHERE NOT p.pinned"
+            ),
+            // Strict, start at the lowest version seen: an aggregate never
+            // started whose parked messages waited past the timeout starts
+            // just below the lowest of them. Under the position lock.
+            baseline: format!(
+                "UPDATE {s}.outbox_consumer_positions p
+                 SET version = k.lowest - 1, pinned = true, updated_at = now()
+                 FROM (SELECT min(aggregate_version) AS lowest FROM {s}.outbox_consumer_parked
+                       WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3) k
+                 WHERE p.consumer_name = $1 AND p.aggregate_type = $2 AND p.aggregate_id = $3
+                   AND NOT p.pinned AND k.lowest IS NOT NULL
+                 RETURNING p.version"
             ),
             park: format!(
                 "INSERT INTO {s}.outbox_consumer_parked
                     (consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, envelope)
-                 VALUES ($1, $2, $3, $4, $5, $6)
+                 VALUES ($1, $2, $3, $4, $5, $6::json)
                  ON CONFLICT DO NOTHING"
             ),
-            // Takes the parked message with the next version and counts
-            // its start (committed before the handler runs).
+            // Takes the parked message with the next version, when its
+            // backoff is over, and counts its start (committed before the
+            // handler runs).
             start_parked: format!(
                 "UPDATE {s}.outbox_consumer_parked SET attempts = attempts + 1
                  WHERE consumer_name = $1 AND event_id = (
                      SELECT event_id FROM {s}.outbox_consumer_parked
                      WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
-                       AND aggregate_version = $4
+                       AND aggregate_version = $4 AND (retry_at IS NULL OR retry_at <= now())
                      ORDER BY parked_at LIMIT 1)
-                 RETURNING envelope, attempts"
+                 RETURNING envelope::text AS envelope, attempts"
+            ),
+            // Locks a parked message and says whether it is still there
+            // (another instance may have applied or dead-lettered it).
+            lock_parked: format!(
+                "SELECT 1 FROM {s}.outbox_consumer_parked
+                 WHERE consumer_name = $1 AND event_id = $2 FOR UPDATE"
             ),
             unpark: format!(
                 "DELETE FROM {s}.outbox_consumer_parked WHERE consumer_name = $1 AND event_id = $2"
@@ -158,7 +221,8 @@ impl ConsumerSql {
                    AND aggregate_version <= $4"
             ),
             parked_failed: format!(
-                "UPDATE {s}.outbox_consumer_parked SET last_error = $3
+                "UPDATE {s}.outbox_consumer_parked
+                 SET last_error = $3, retry_at = now() + $4 * interval '1 millisecond'
                  WHERE consumer_name = $1 AND event_id = $2 RETURNING attempts"
             ),
             // Aggregates whose next version is parked (a crash between a
@@ -170,6 +234,7 @@ impl ConsumerSql {
                    ON p.consumer_name = k.consumer_name AND p.aggregate_type = k.aggregate_type
                   AND p.aggregate_id = k.aggregate_id
                  WHERE k.consumer_name = $1 AND k.aggregate_version = coalesce(p.version, 0) + 1
+                   AND (k.retry_at IS NULL OR k.retry_at <= now())
                  LIMIT 1000"
             ),
             // Aggregates that have waited too long for a missing version,
@@ -186,20 +251,29 @@ impl ConsumerSql {
                  HAVING min(k.parked_at) < now() - make_interval(secs => $2)
                  LIMIT 1000"
             ),
+            // The parked messages of an aggregate to the dead letters: their
+            // inbox rows go (they were never applied, so a replay can apply
+            // them once), their attributes become the letter's headers.
             dead_letter_parked: format!(
                 "WITH gone AS (
                     DELETE FROM {s}.outbox_consumer_parked
                     WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
                     RETURNING *
+                 ),
+                 released AS (
+                    DELETE FROM {s}.outbox_processed_events pe USING gone g
+                    WHERE pe.consumer_name = $1 AND pe.event_id = g.event_id
                  )
                  INSERT INTO {s}.outbox_dead_letters
                     (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
                      aggregate_id, aggregate_version, headers, payload, reason, attempts)
                  SELECT $1, 'dead_lettered', event_id, envelope->>'event_type',
                         (envelope->>'schema_version')::int, aggregate_type, aggregate_id,
-                        aggregate_version, '{{}}'::jsonb,
+                        aggregate_version, {moved_headers},
                         convert_to((envelope->'payload')::text, 'UTF8'), $4, attempts
-                 FROM gone ORDER BY aggregate_version"
+                 FROM gone ORDER BY aggregate_version
+                 ON CONFLICT (consumer_name, event_id) WHERE resolved_at IS NULL AND event_id IS NOT NULL
+                 DO NOTHING"
             ),
             // Dead-letters the aggregate's parked messages only if, under
             // the position lock, the next version ($4 + 1) is still not
@@ -216,21 +290,50 @@ impl ConsumerSql {
                     WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
                       AND EXISTS (SELECT 1 FROM due)
                     RETURNING *
+                 ),
+                 released AS (
+                    DELETE FROM {s}.outbox_processed_events pe USING gone g
+                    WHERE pe.consumer_name = $1 AND pe.event_id = g.event_id
                  )
                  INSERT INTO {s}.outbox_dead_letters
                     (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
                      aggregate_id, aggregate_version, headers, payload, reason, attempts)
                  SELECT $1, 'dead_lettered', event_id, envelope->>'event_type',
                         (envelope->>'schema_version')::int, aggregate_type, aggregate_id,
-                        aggregate_version, '{{}}'::jsonb,
+                        aggregate_version, {moved_headers},
                         convert_to((envelope->'payload')::text, 'UTF8'), $6, attempts
-                 FROM gone ORDER BY aggregate_version"
+                 FROM gone ORDER BY aggregate_version
+                 ON CONFLICT (consumer_name, event_id) WHERE resolved_at IS NULL AND event_id IS NOT NULL
+                 DO NOTHING"
             ),
+            // A letter is written only for an event this consumer has not
+            // applied, and at most once while it is open (a redelivery of a
+            // quarantined message writes nothing). No row back: not written.
             letter: format!(
                 "INSERT INTO {s}.outbox_dead_letters
                     (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
                      aggregate_id, aggregate_version, headers, payload, reason, attempts)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12
+                 WHERE $3::uuid IS NULL OR NOT EXISTS (
+                     SELECT 1 FROM {s}.outbox_processed_events WHERE consumer_name = $1 AND event_id = $3)
+                 ON CONFLICT (consumer_name, event_id) WHERE resolved_at IS NULL AND event_id IS NOT NULL
+                 DO NOTHING"
+            ),
+            // Replay: the open letter, locked for the replay's transaction.
+            lock_letter: format!(
+                "SELECT headers::text AS headers, payload FROM {s}.outbox_dead_letters
+                 WHERE id = $1 AND consumer_name = $2 AND resolved_at IS NULL
+                 FOR UPDATE"
+            ),
+            resolve_letter: format!(
+                "UPDATE {s}.outbox_dead_letters
+                 SET resolved_at = now(), resolution = $3, replays = replays + 1
+                 WHERE id = $1 AND consumer_name = $2 AND resolved_at IS NULL"
+            ),
+            letter_replay_failed: format!(
+                "UPDATE {s}.outbox_dead_letters
+                 SET replays = replays + 1, last_replay_error = $3
+                 WHERE id = $1 AND consumer_name = $2 AND resolved_at IS NULL"
             ),
         }
     }
@@ -267,7 +370,24 @@ impl ConsumerSql {
         Ok(())
     }
 
-    /// Records `event_id` as processed by `consumer`; false when it already was.
+    /// Removes the inbox row of an event that is not applied after all (a
+    /// parked message that goes to the quarantine or the dead letters).
+    pub(crate) async fn forget_processed(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.forget_processed.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Records `event_id` as processed by `consumer`; false when it already
+    /// was, or an open letter holds it.
     pub(crate) async fn claim_one(
         &self,
         conn: &mut PgConnection,
@@ -275,6 +395,22 @@ impl ConsumerSql {
         event_id: Uuid,
     ) -> sqlx::Result<bool> {
         let done = sqlx::query(AssertSqlSafe(self.inbox_one.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records `event_id` for a replay of its open letter; false when the
+    /// consumer applied it already.
+    pub(crate) async fn claim_replay(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<bool> {
+        let done = sqlx::query(AssertSqlSafe(self.inbox_replay.as_str()))
             .bind(consumer)
             .bind(event_id)
             .execute(conn)
@@ -334,19 +470,60 @@ impl ConsumerSql {
         Ok(row.is_some())
     }
 
-    /// Strict: locks the aggregate's position and returns it (0 = none yet).
+    /// Strict: locks the aggregate's position and returns it (0 = none
+    /// yet) with whether it is pinned (false: no handler was ever started
+    /// on this aggregate).
     pub(crate) async fn lock_position(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         aggregate_type: &str,
         aggregate_id: &str,
-    ) -> sqlx::Result<i64> {
-        sqlx::query_scalar(AssertSqlSafe(self.lock_position.as_str()))
+    ) -> sqlx::Result<Position> {
+        let row = sqlx::query(AssertSqlSafe(self.lock_position.as_str()))
             .bind(consumer)
             .bind(aggregate_type)
             .bind(aggregate_id)
             .fetch_one(conn)
+            .await?;
+        Ok(Position {
+            version: row.try_get(0)?,
+            pinned: row.try_get(1)?,
+        })
+    }
+
+    /// Strict: pins an aggregate that was never started at `version`
+    /// (the predecessor of the version whose handler just started).
+    pub(crate) async fn pin_position(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.pin_position.as_str()))
+            .bind(consumer)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version - 1)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Strict: starts a never-started aggregate just below its lowest
+    /// parked version; the new position, or `None` when it was pinned
+    /// meanwhile or nothing is parked.
+    pub(crate) async fn baseline(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+    ) -> sqlx::Result<Option<i64>> {
+        sqlx::query_scalar(AssertSqlSafe(self.baseline.as_str()))
+            .bind(consumer)
+            .bind(aggregate.0)
+            .bind(aggregate.1)
+            .fetch_optional(conn)
             .await
     }
 
@@ -374,7 +551,7 @@ impl ConsumerSql {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<()> {
-        let json = serde_json::to_value(envelope).map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let json = serde_json::to_string(envelope).map_err(|e| sqlx::Error::Encode(e.into()))?;
         sqlx::query(AssertSqlSafe(self.park.as_str()))
             .bind(consumer)
             .bind(envelope.id)
@@ -403,14 +580,32 @@ impl ConsumerSql {
             .bind(version)
             .fetch_optional(conn)
             .await?;
-        Ok(row.map(|row| {
-            let json: serde_json::Value = row.get("envelope");
-            let attempts: i32 = row.get("attempts");
-            serde_json::from_value(json).map(|envelope| ParkedMessage {
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let json: String = row.try_get("envelope")?;
+        let attempts: i32 = row.try_get("attempts")?;
+        Ok(Some(serde_json::from_str(&json).map(|envelope| {
+            ParkedMessage {
                 envelope,
                 attempts: attempts.max(1) as u32,
-            })
-        }))
+            }
+        })))
+    }
+
+    /// Strict: locks a parked message; false when it is gone.
+    pub(crate) async fn lock_parked(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<bool> {
+        let row = sqlx::query(AssertSqlSafe(self.lock_parked.as_str()))
+            .bind(consumer)
+            .bind(event_id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.is_some())
     }
 
     /// Strict: removes the parked messages of an aggregate up to `version`.
@@ -469,19 +664,22 @@ impl ConsumerSql {
         Ok(())
     }
 
-    /// Strict: records the last error of a parked message; false when the
-    /// message is no longer parked (another instance applied it).
+    /// Strict: records the last error of a parked message and when it may
+    /// start again; false when the message is no longer parked (another
+    /// instance applied it).
     pub(crate) async fn parked_failed(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         event_id: Uuid,
         error: &str,
+        retry_in: std::time::Duration,
     ) -> sqlx::Result<bool> {
         let attempts: Option<i32> = sqlx::query_scalar(AssertSqlSafe(self.parked_failed.as_str()))
             .bind(consumer)
             .bind(event_id)
             .bind(error)
+            .bind(retry_in.as_millis().min(i64::MAX as u128) as i64)
             .fetch_optional(conn)
             .await?;
         Ok(attempts.is_some())
@@ -548,15 +746,17 @@ impl ConsumerSql {
         Ok(done.rows_affected())
     }
 
-    /// Writes a quarantine or dead-letter row.
+    /// Writes a quarantine or dead-letter row; false when nothing was
+    /// written because the consumer applied the event already or an open
+    /// letter for it exists.
     pub(crate) async fn letter(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         letter: &Letter<'_>,
-    ) -> sqlx::Result<()> {
+    ) -> sqlx::Result<bool> {
         let envelope = letter.envelope;
-        sqlx::query(AssertSqlSafe(self.letter.as_str()))
+        let done = sqlx::query(AssertSqlSafe(self.letter.as_str()))
             .bind(consumer)
             .bind(letter.kind.as_str())
             .bind(envelope.map(|e| e.id))
@@ -571,6 +771,82 @@ impl ConsumerSql {
             .bind(letter.attempts.min(i32::MAX as u32) as i32)
             .execute(conn)
             .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Replay: locks an open letter of `consumer` and returns its headers
+    /// (JSON text) and payload; `None` when there is no such open
+    /// letter.
+    pub(crate) async fn lock_letter(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        letter_id: i64,
+    ) -> sqlx::Result<Option<StoredLetter>> {
+        let row = sqlx::query(AssertSqlSafe(self.lock_letter.as_str()))
+            .bind(letter_id)
+            .bind(consumer)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            Ok(StoredLetter {
+                headers: row.try_get("headers")?,
+                payload: row.try_get("payload")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Replay: closes a letter with what happened; false when it was not
+    /// open any more.
+    pub(crate) async fn resolve_letter(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        letter_id: i64,
+        resolution: &str,
+    ) -> sqlx::Result<bool> {
+        let done = sqlx::query(AssertSqlSafe(self.resolve_letter.as_str()))
+            .bind(letter_id)
+            .bind(consumer)
+            .bind(resolution)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Replay: counts a replay that did not settle the letter, with why.
+    pub(crate) async fn letter_replay_failed(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        letter_id: i64,
+        error: &str,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.letter_replay_failed.as_str()))
+            .bind(letter_id)
+            .bind(consumer)
+            .bind(error)
+            .execute(conn)
+            .await?;
         Ok(())
     }
+}
+
+/// A strict position as read under its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Position {
+    /// The last applied version (0: none).
+    pub(crate) version: i64,
+    /// Whether the aggregate's start is fixed (a handler was started on it).
+    pub(crate) pinned: bool,
+}
+
+/// An open letter read back for a replay.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredLetter {
+    /// The message's attributes as a JSON object (text).
+    pub(crate) headers: String,
+    /// The raw payload.
+    pub(crate) payload: Vec<u8>,
 }

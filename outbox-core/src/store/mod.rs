@@ -1,6 +1,7 @@
 //! The PostgreSQL store: schema name validation, embedded migrations, and
 //! the SQL text of every statement (`sql.rs`), built once per schema.
 
+pub(crate) mod audit;
 pub(crate) mod consumer;
 mod migrate;
 mod relay;

@@ -120,19 +120,19 @@ impl EmitSql {
         );
         // The version check comes before the key claim, so an out-of-order
         // emit does not use up its key.
+        let claimed_in_order = format!(
+            "claimed AS (
+                INSERT INTO {s}.outbox_idempotency_keys (idempotency_key, event_id)
+                SELECT $10, $1 WHERE {in_order}
+                ON CONFLICT (idempotency_key) DO NOTHING
+                RETURNING event_id
+            )",
+            in_order = in_order("$9")
+        );
         let explicit_with_key = format!(
-            "WITH {claimed}
+            "WITH {claimed_in_order}
             INSERT INTO {s}.outbox_events ({columns})
-            SELECT $1, $2, $3, $9, $4, $5, $6::json, $7 FROM claimed, {notified_single}",
-            claimed = format!(
-                "claimed AS (
-                    INSERT INTO {s}.outbox_idempotency_keys (idempotency_key, event_id)
-                    SELECT $10, $1 WHERE {in_order}
-                    ON CONFLICT (idempotency_key) DO NOTHING
-                    RETURNING event_id
-                )",
-                in_order = in_order("$9")
-            )
+            SELECT $1, $2, $3, $9, $4, $5, $6::json, $7 FROM claimed, {notified_single}"
         );
         let existing_key =
             format!("SELECT event_id FROM {s}.outbox_idempotency_keys WHERE idempotency_key = $1");

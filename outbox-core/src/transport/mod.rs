@@ -2,6 +2,7 @@
 //! knows this trait only; NATS JetStream is the first implementation
 //! (feature `nats`), Kafka and RabbitMQ follow behind the same trait.
 
+pub mod encoding;
 #[cfg(feature = "nats")]
 pub mod nats;
 
@@ -50,6 +51,26 @@ impl fmt::Display for PublishFailure {
     }
 }
 
+/// Whether a transport can publish now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportHealth {
+    /// Connected, and the destination (stream, topic, exchange) is ready.
+    Up,
+    /// Not connected, or the destination is not ready; publishing would
+    /// only fail.
+    Down {
+        /// What is wrong, for logs and health endpoints.
+        reason: String,
+    },
+}
+
+impl TransportHealth {
+    /// Whether it is [`TransportHealth::Up`].
+    pub fn is_up(&self) -> bool {
+        matches!(self, TransportHealth::Up)
+    }
+}
+
 /// Publishes events to a broker.
 pub trait Transport: Send + Sync + 'static {
     /// Publishes `events` and waits for the broker's acknowledgement of each
@@ -63,4 +84,14 @@ pub trait Transport: Send + Sync + 'static {
 
     /// A short name for logs and metrics (`nats`).
     fn name(&self) -> &'static str;
+
+    /// Whether the broker can take messages now. The relay asks before each
+    /// claim and claims nothing while the transport is down, so a broker
+    /// outage leaves events pending with their attempts untouched instead
+    /// of walking them towards the failed state. Must be cheap when the
+    /// transport is up (a flag or a connection state, no round trip). The
+    /// default says up.
+    fn health(&self) -> impl Future<Output = TransportHealth> + Send {
+        async { TransportHealth::Up }
+    }
 }

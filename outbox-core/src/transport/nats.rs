@@ -2,14 +2,23 @@
 //! settings both sides share.
 //!
 //! Each event goes to a subject rendered from a template
-//! (`events.{aggregate_type}.{event_type}` by default), carries the
-//! envelope as CloudEvents headers with the `ce-` prefix (binary content
-//! mode) and its event id as `Nats-Msg-Id`, so JetStream drops a
+//! (`events.{aggregate_type}.{event_type}` by default; an aggregate id in
+//! the template is written as one token with
+//! [`encode_token`](super::encoding::encode_token), so `a.b` stays one
+//! token), carries the envelope as CloudEvents headers with the `ce-`
+//! prefix (binary content mode, values percent-encoded as the binding
+//! requires) and its event id as `Nats-Msg-Id`, so JetStream drops a
 //! republished duplicate within the stream's duplicate window. A batch is
 //! sent in one go and the acks are awaited together: one round trip per
 //! wave, not per message.
+//!
+//! The transport starts while the broker is down: it reports itself down
+//! ([`Transport::health`]), the relay keeps events pending without using
+//! up their attempts, the client reconnects with backoff, and the stream
+//! is checked (or created) as soon as the server answers.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, message::PublishMessage, stream};
@@ -19,9 +28,12 @@ use futures_util::future::join_all;
 
 mod source;
 
-pub use source::{JetStreamDelivery, JetStreamSource, JetStreamSourceConfig, common_filter};
+pub use source::{
+    JetStreamDelivery, JetStreamSource, JetStreamSourceConfig, common_filter, durable_for_filter,
+};
 
-use super::{PublishFailure, Transport};
+use super::encoding::{encode_header_value, encode_token};
+use super::{PublishFailure, Transport, TransportHealth};
 use crate::envelope::Envelope;
 use crate::store::ConfigError;
 
@@ -138,8 +150,9 @@ impl SubjectTemplate {
         format!("{}>", self.prefix)
     }
 
-    /// The subject of one event, or why it cannot have one (an aggregate id
-    /// with characters NATS forbids, for instance).
+    /// The subject of one event, or why it cannot have one. The aggregate
+    /// id is written as one token ([`encode_token`]); the aggregate and
+    /// event types are contract names and go in as they are.
     pub fn render(&self, envelope: &Envelope) -> Result<String, String> {
         let mut subject = String::with_capacity(64);
         for segment in &self.segments {
@@ -147,15 +160,31 @@ impl SubjectTemplate {
                 Segment::Literal(literal) => subject.push_str(literal),
                 Segment::Value(Part::AggregateType) => subject.push_str(&envelope.aggregate_type),
                 Segment::Value(Part::EventType) => subject.push_str(&envelope.event_type),
-                Segment::Value(Part::AggregateId) => subject.push_str(&envelope.aggregate_id),
+                Segment::Value(Part::AggregateId) => {
+                    if envelope.aggregate_id.is_empty() {
+                        return Err(format!(
+                            "the aggregate id is empty, so {:?} renders an empty subject token",
+                            self.text
+                        ));
+                    }
+                    subject.push_str(&encode_token(&envelope.aggregate_id))
+                }
             }
         }
-        let valid = !subject.is_empty()
-            && subject.split('.').all(|token| {
-                !token.is_empty()
-                    && !token.contains(|c: char| c.is_whitespace() || c == '*' || c == '>')
-            })
-            && subject.is_ascii();
+        if subject.len() > MAX_SUBJECT_BYTES {
+            return Err(format!(
+                "the subject rendered from {:?} is {} bytes long (the aggregate id is {} bytes before encoding); NATS refuses protocol lines over 4096 bytes, so at most {MAX_SUBJECT_BYTES} are published: shorten the id or drop {{aggregate_id}} from the template",
+                self.text,
+                subject.len(),
+                envelope.aggregate_id.len()
+            ));
+        }
+        let valid = subject.split('.').all(|token| {
+            !token.is_empty()
+                && token
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'*' && b != b'>')
+        });
         if valid {
             Ok(subject)
         } else {
@@ -166,6 +195,11 @@ impl SubjectTemplate {
         }
     }
 }
+
+/// The longest subject the transport publishes: the server refuses
+/// protocol lines over 4096 bytes (`max_control_line`), and the line also
+/// holds the reply inbox and the sizes.
+const MAX_SUBJECT_BYTES: usize = 3500;
 
 /// Settings of the JetStream transport.
 #[derive(Debug, Clone)]
@@ -238,20 +272,48 @@ pub fn header_name(attribute: &str) -> String {
     format!("ce-{attribute}")
 }
 
-/// Connects to NATS with the settings' handshake timeout; fails when the
-/// server is unreachable (a relay that cannot publish should say so at
-/// start-up). After start the client reconnects on its own.
+/// Creates a client that connects in the background and keeps
+/// reconnecting with backoff for as long as it lives, then waits up to the
+/// settings' `connect_timeout` for the first connection. A server that is
+/// down is not an error here (a service may boot during a broker outage);
+/// an address that cannot be parsed is. [`is_connected`] tells which.
 pub async fn connect(config: &NatsConfig) -> Result<async_nats::Client, NatsError> {
-    async_nats::ConnectOptions::new()
+    let client = async_nats::ConnectOptions::new()
         .name("outbox")
         .connection_timeout(config.connect_timeout)
         .max_reconnects(None)
+        .retry_on_initial_connect()
         .connect(config.url.as_str())
         .await
         .map_err(|error| NatsError::Connect {
             url: config.url.clone(),
             reason: error.to_string(),
-        })
+        })?;
+    let deadline = tokio::time::Instant::now() + config.connect_timeout;
+    while !is_connected(&client) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(client)
+}
+
+/// Whether the client has a live connection to a server.
+pub fn is_connected(client: &async_nats::Client) -> bool {
+    client.connection_state() == async_nats::connection::State::Connected
+}
+
+/// Whether a stream check failed on the configuration (wrong subjects, a
+/// missing stream that may not be created, a bad name), which no retry
+/// fixes, rather than on a broker that did not answer.
+pub fn is_misconfigured(error: &NatsError) -> bool {
+    match error {
+        NatsError::Config(_) => true,
+        NatsError::Connect { .. } => false,
+        NatsError::Stream { reason, .. } => {
+            reason.contains("which do not include")
+                || reason.contains("create_stream is off")
+                || reason.contains("a stream name must")
+        }
+    }
 }
 
 /// Checks that the stream exists and listens on `subject`, creating it when
@@ -311,16 +373,26 @@ pub async fn ensure_stream(
 
 /// Publishes envelopes to JetStream.
 pub struct NatsTransport {
+    client: async_nats::Client,
     context: jetstream::Context,
+    config: NatsConfig,
     template: SubjectTemplate,
-    source: String,
-    message_id_header: bool,
-    ack_timeout: Duration,
     names: Vec<(&'static str, HeaderName)>,
+    /// The stream was found (or created) with the template's subjects.
+    stream_ready: AtomicBool,
+    /// One stream check at a time.
+    stream_check: tokio::sync::Mutex<()>,
 }
 
 impl NatsTransport {
-    /// Validates the settings, connects, and checks or creates the stream.
+    /// Validates the settings and connects. When the server answers within
+    /// `connect_timeout`, the stream is checked or created now, and a stream
+    /// that exists with other subjects (or is missing while
+    /// `create_stream` is off) is an error. When it does not answer, the
+    /// transport starts anyway and reports itself down until the client
+    /// has reconnected and the stream is checked: a relay started during a
+    /// broker outage keeps its events pending and publishes them, in
+    /// order, once the broker is back.
     pub async fn connect(config: NatsConfig) -> Result<NatsTransport, NatsError> {
         let template = SubjectTemplate::new(&config.subject_template)?;
         if config.ack_timeout.is_zero() {
@@ -334,8 +406,7 @@ impl NatsTransport {
         let context = jetstream::ContextBuilder::new()
             .timeout(config.ack_timeout)
             .max_ack_inflight(65_536)
-            .build(client);
-        ensure_stream(&context, &config, &template.stream_subject()).await?;
+            .build(client.clone());
         let names = crate::envelope::ce::ALL
             .iter()
             .map(|attribute| {
@@ -344,14 +415,25 @@ impl NatsTransport {
                 (*attribute, name)
             })
             .collect();
-        Ok(NatsTransport {
+        let transport = NatsTransport {
+            client,
             context,
             template,
-            source: config.source,
-            message_id_header: config.message_id_header,
-            ack_timeout: config.ack_timeout,
             names,
-        })
+            config,
+            stream_ready: AtomicBool::new(false),
+            stream_check: tokio::sync::Mutex::new(()),
+        };
+        match transport.check_stream().await {
+            Ok(()) => {}
+            Err(error) if is_misconfigured(&error) => return Err(error),
+            Err(error) => tracing::warn!(
+                url = %transport.config.url,
+                %error,
+                "NATS is not available; the transport reports itself down and events stay pending until it is"
+            ),
+        }
+        Ok(transport)
     }
 
     /// The subject template in use.
@@ -359,27 +441,54 @@ impl NatsTransport {
         &self.template
     }
 
-    fn headers(&self, envelope: &Envelope) -> Result<HeaderMap, PublishFailure> {
+    /// Checks (or creates) the stream once per connection lifetime.
+    async fn check_stream(&self) -> Result<(), NatsError> {
+        if self.stream_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _one = self.stream_check.lock().await;
+        if self.stream_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if !is_connected(&self.client) {
+            return Err(NatsError::Connect {
+                url: self.config.url.clone(),
+                reason: format!("not connected ({:?})", self.client.connection_state()),
+            });
+        }
+        let subject = self.template.stream_subject();
+        let check = ensure_stream(&self.context, &self.config, &subject);
+        match tokio::time::timeout(self.config.ack_timeout, check).await {
+            Ok(Ok(())) => {
+                self.stream_ready.store(true, Ordering::Release);
+                Ok(())
+            }
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(NatsError::Stream {
+                stream: self.config.stream.clone(),
+                reason: format!("no answer within {:?}", self.config.ack_timeout),
+            }),
+        }
+    }
+
+    fn headers(&self, envelope: &Envelope) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        for (attribute, value) in envelope.cloudevents_attributes(&self.source) {
+        for (attribute, value) in envelope.cloudevents_attributes(&self.config.source) {
             let Some((_, name)) = self.names.iter().find(|(a, _)| *a == attribute) else {
                 continue;
             };
-            let value = HeaderValue::from_str(&value).map_err(|_| {
-                PublishFailure::permanent(format!(
-                    "attribute {attribute} cannot be a NATS header value"
-                ))
-            })?;
+            let value = HeaderValue::from_str(&encode_header_value(&value))
+                .expect("a percent-encoded value is printable ASCII");
             headers.insert(name.clone(), value);
         }
-        if self.message_id_header {
+        if self.config.message_id_header {
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
                 HeaderValue::from_str(&envelope.id.to_string())
                     .expect("a UUID is a valid header value"),
             );
         }
-        Ok(headers)
+        headers
     }
 }
 
@@ -394,13 +503,7 @@ impl Transport for NatsTransport {
                     continue;
                 }
             };
-            let headers = match self.headers(envelope) {
-                Ok(headers) => headers,
-                Err(failure) => {
-                    pending.push(Err(failure));
-                    continue;
-                }
-            };
+            let headers = self.headers(envelope);
             let message = PublishMessage::build()
                 .headers(headers)
                 .payload(Bytes::copy_from_slice(envelope.payload.get().as_bytes()));
@@ -411,8 +514,8 @@ impl Transport for NatsTransport {
         }
         // Every message is on its way; wait for all acks at once so one
         // timeout bounds the whole batch.
-        let deadline = self.ack_timeout;
-        join_all(pending.into_iter().map(|entry| async move {
+        let deadline = self.config.ack_timeout;
+        let results = join_all(pending.into_iter().map(|entry| async move {
             match entry {
                 Ok(ack) => match tokio::time::timeout(deadline, ack.into_future()).await {
                     Ok(Ok(_ack)) => Ok(()),
@@ -424,11 +527,35 @@ impl Transport for NatsTransport {
                 Err(failure) => Err(failure),
             }
         }))
-        .await
+        .await;
+        if results.iter().any(|r| {
+            r.as_ref()
+                .is_err_and(|failure| failure.reason.contains("no stream found"))
+        }) {
+            // The stream was deleted under us: check (or create) it again.
+            self.stream_ready.store(false, Ordering::Release);
+        }
+        results
     }
 
     fn name(&self) -> &'static str {
         "nats"
+    }
+
+    async fn health(&self) -> TransportHealth {
+        match self.check_stream().await {
+            Ok(()) if is_connected(&self.client) => TransportHealth::Up,
+            Ok(()) => TransportHealth::Down {
+                reason: format!(
+                    "not connected to NATS at {} ({:?}); the client reconnects with backoff",
+                    self.config.url,
+                    self.client.connection_state()
+                ),
+            },
+            Err(error) => TransportHealth::Down {
+                reason: error.to_string(),
+            },
+        }
     }
 }
 
@@ -461,14 +588,23 @@ mod tests {
             "events.order.order.created"
         );
         let by_id = SubjectTemplate::new("orders.{aggregate_id}").unwrap();
+        assert_eq!(by_id.render(&envelope).unwrap(), "orders.A%201");
+        envelope.aggregate_id = "a1".into();
+        assert_eq!(by_id.render(&envelope).unwrap(), "orders.a1");
+        envelope.aggregate_id = "a.b.*.>".into();
+        assert_eq!(by_id.render(&envelope).unwrap(), "orders.a%2Eb%2E%2A%2E%3E");
+        envelope.aggregate_id = String::new();
+        assert!(by_id.render(&envelope).unwrap_err().contains("empty"));
+        envelope.aggregate_id = "x".repeat(4000);
+        assert!(by_id.render(&envelope).unwrap_err().contains("bytes long"));
+        envelope.aggregate_id = "a1".into();
+        envelope.event_type = "order created".into();
         assert!(
-            by_id
+            template
                 .render(&envelope)
                 .unwrap_err()
                 .contains("not a valid NATS subject")
         );
-        envelope.aggregate_id = "a1".into();
-        assert_eq!(by_id.render(&envelope).unwrap(), "orders.a1");
 
         for (bad, reason) in [
             ("{event_type}", "fixed prefix"),

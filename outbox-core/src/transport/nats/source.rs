@@ -1,18 +1,34 @@
-//! The JetStream subscription side: a durable pull consumer whose messages
+//! The JetStream subscription side: durable pull consumers whose messages
 //! feed a [`Consumer`](crate::consumer::Consumer). Explicit acks, sent only
 //! after the consumer's transaction committed; a failed handler's message
 //! comes back through a delayed NAK; the ack wait and the delivery limit
 //! follow the consumer's retry policy.
+//!
+//! A consumer subscribes to the subjects of its own aggregate types only
+//! (one filter per aggregate type): events of other services in a shared
+//! stream never reach it. nats-server 2.10 and later take several filters
+//! on one durable consumer; older servers get one durable consumer per
+//! filter, named `<durable>-<8 hex digits of the filter's SHA-256>`, whose
+//! messages are merged.
+//!
+//! Header names are matched without regard to case and values are
+//! percent-decoded (CloudEvents NATS binding); a value that does not decode
+//! makes the message unreadable (it goes to the quarantine with the reason).
 
+use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
-use futures_util::{FutureExt, StreamExt};
+use futures_util::stream::SelectAll;
+use futures_util::{FutureExt, Stream, StreamExt};
+use sha2::Digest;
 
-use super::{NatsConfig, NatsError, SubjectTemplate, connect};
+use super::{NatsConfig, NatsError, SubjectTemplate, connect, is_connected};
 use crate::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
 use crate::store::ConfigError;
+use crate::transport::encoding::decode_header_value;
 
 /// Settings of a JetStream source.
 #[derive(Debug, Clone)]
@@ -21,8 +37,9 @@ pub struct JetStreamSourceConfig {
     pub nats: NatsConfig,
     /// The durable consumer's name (usually the consumer's name).
     pub durable: String,
-    /// The subject filter (empty: the whole stream).
-    pub filter_subject: String,
+    /// Subject filters; a message on any of them is delivered. Empty: the
+    /// whole stream (every event of every service that publishes to it).
+    pub filter_subjects: Vec<String>,
     /// How long JetStream waits for an ack before delivering again. Must
     /// exceed the time a message can wait in the client plus its handling.
     pub ack_wait: Duration,
@@ -36,29 +53,46 @@ pub struct JetStreamSourceConfig {
     /// would only strand messages that were redelivered while the database
     /// was down.
     pub max_deliver: i64,
-    /// Unacknowledged messages JetStream hands out at once.
+    /// Unacknowledged messages JetStream hands out at once (per durable).
     pub max_ack_pending: i64,
 }
 
 impl JetStreamSourceConfig {
     /// Settings aligned with `consumer`: durable name = consumer name,
-    /// a filter covering its event types, pulls of one batch (twice the
-    /// consumer's batch size, at least 10), ack wait = twice the handler
-    /// timeout + 10 s (a failing batch runs twice: together, then one by
-    /// one; raise it for batches of slow handlers, or a slow batch is
-    /// redelivered while it runs, harmless for the database but not for
-    /// external calls), no delivery limit.
+    /// one filter per aggregate type it handles (the narrowest subject that
+    /// covers that aggregate's handled event types under the template, so
+    /// events of other aggregate types in the stream never arrive), pulls
+    /// of one batch (twice the consumer's batch size, at least 10), ack wait
+    /// = twice the handler timeout + 10 s (a failing batch runs twice:
+    /// together, then one by one; raise it for batches of slow handlers, or
+    /// a slow batch is redelivered while it runs, harmless for the database
+    /// but not for external calls), no delivery limit.
+    ///
+    /// The subscription is by subject: an event published on a subject none
+    /// of the filters matches (another template, another stream) never
+    /// reaches the consumer. To widen it, add subjects to
+    /// `filter_subjects` (or clear it for the whole stream); events of
+    /// aggregate types without a handler are then acknowledged as foreign
+    /// and nothing is stored for them.
     pub fn for_consumer(consumer: &Consumer, nats: NatsConfig) -> Result<Self, ConfigError> {
         let template = SubjectTemplate::new(&nats.subject_template)?;
-        let subjects: Vec<String> = consumer
-            .subscribed_types()
-            .into_iter()
-            .map(|(aggregate_type, event_type)| template.filter_for(aggregate_type, event_type))
+        let mut by_aggregate: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (aggregate_type, event_type) in consumer.subscribed_types() {
+            by_aggregate
+                .entry(aggregate_type)
+                .or_default()
+                .push(template.filter_for(aggregate_type, event_type));
+        }
+        let mut filter_subjects: Vec<String> = by_aggregate
+            .values()
+            .map(|subjects| common_filter(subjects, &template.stream_subject()))
             .collect();
+        filter_subjects.sort();
+        filter_subjects.dedup();
         let retry = consumer.config().retry;
         let batch = consumer.config().batch_size.max(1);
         Ok(JetStreamSourceConfig {
-            filter_subject: common_filter(&subjects, &template.stream_subject()),
+            filter_subjects,
             durable: consumer.name().to_owned(),
             ack_wait: retry.handler_timeout * 2 + Duration::from_secs(10),
             pull_batch: (batch * 2).max(10),
@@ -69,10 +103,9 @@ impl JetStreamSourceConfig {
     }
 }
 
-/// The narrowest single subject filter that covers all `subjects` (NATS
-/// before 2.10 allows one filter per consumer): the subject itself when
-/// there is one, else their common leading tokens followed by `>`, else
-/// `fallback`.
+/// The narrowest single subject filter that covers all `subjects`: the
+/// subject itself when there is one, else their common leading tokens
+/// followed by `>`, else `fallback`.
 pub fn common_filter(subjects: &[String], fallback: &str) -> String {
     let Some(first) = subjects.first() else {
         return fallback.to_owned();
@@ -100,9 +133,21 @@ pub fn common_filter(subjects: &[String], fallback: &str) -> String {
     }
 }
 
-/// Messages of a durable JetStream pull consumer.
+/// The durable name of the pull consumer for one filter, when an older
+/// server needs one durable per filter.
+pub fn durable_for_filter(durable: &str, filter: &str) -> String {
+    let digest = sha2::Sha256::digest(filter.as_bytes());
+    format!("{durable}-{}", hex::encode(&digest[..4]))
+}
+
+type MessageStream = Pin<Box<dyn Stream<Item = Result<jetstream::Message, String>> + Send>>;
+
+/// Messages of one or more durable JetStream pull consumers.
 pub struct JetStreamSource {
-    messages: pull::Stream,
+    config: JetStreamSourceConfig,
+    client: async_nats::Client,
+    /// Set up once the server answered; until then every pull tries again.
+    messages: Option<SelectAll<MessageStream>>,
     durable: Arc<str>,
 }
 
@@ -110,12 +155,18 @@ impl std::fmt::Debug for JetStreamSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JetStreamSource")
             .field("durable", &self.durable)
+            .field("filter_subjects", &self.config.filter_subjects)
+            .field("subscribed", &self.messages.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl JetStreamSource {
-    /// Connects and creates (or binds to) the durable consumer.
+    /// Validates the settings, connects, and creates (or binds to) the
+    /// durable consumer(s). When the server does not answer within the
+    /// connect timeout, the source starts anyway and subscribes as soon as
+    /// it can: the consumer loop sees a source error per failed pull and
+    /// backs off.
     pub async fn connect(config: JetStreamSourceConfig) -> Result<JetStreamSource, NatsError> {
         crate::consumer::validate_durable(&config.durable)?;
         if config.ack_wait.is_zero() {
@@ -125,43 +176,110 @@ impl JetStreamSource {
             }
             .into());
         }
+        if let Some(bad) = config
+            .filter_subjects
+            .iter()
+            .find(|s| s.is_empty() || s.contains(char::is_whitespace))
+        {
+            return Err(ConfigError::InvalidValue {
+                what: "JetStream filter_subjects",
+                reason: format!("{bad:?} is not a subject filter"),
+            }
+            .into());
+        }
+        let client = connect(&config.nats).await?;
+        let mut source = JetStreamSource {
+            durable: Arc::from(config.durable.as_str()),
+            config,
+            client,
+            messages: None,
+        };
+        if is_connected(&source.client) {
+            source.subscribe().await?;
+        } else {
+            tracing::warn!(
+                durable = %source.durable,
+                url = %source.config.nats.url,
+                "NATS is not reachable; the source subscribes once it is"
+            );
+        }
+        Ok(source)
+    }
+
+    /// The durable consumers this source reads from, with their filters.
+    pub fn durables(&self, multi_filter: bool) -> Vec<(String, Vec<String>)> {
+        let filters = &self.config.filter_subjects;
+        if filters.len() <= 1 || multi_filter {
+            vec![(self.config.durable.clone(), filters.clone())]
+        } else {
+            filters
+                .iter()
+                .map(|f| (durable_for_filter(&self.config.durable, f), vec![f.clone()]))
+                .collect()
+        }
+    }
+
+    async fn subscribe(&mut self) -> Result<(), NatsError> {
+        let config = &self.config;
         let stream_error = |reason: String| NatsError::Stream {
             stream: config.nats.stream.clone(),
             reason,
         };
-        let client = connect(&config.nats).await?;
-        let context = jetstream::new(client);
+        let context = jetstream::new(self.client.clone());
         let stream = context
             .get_stream(&config.nats.stream)
             .await
             .map_err(|e| stream_error(format!("cannot open it: {e}")))?;
-        let consumer = stream
-            .get_or_create_consumer(
-                &config.durable,
-                pull::Config {
-                    durable_name: Some(config.durable.clone()),
-                    filter_subject: config.filter_subject.clone(),
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    ack_wait: config.ack_wait,
-                    max_deliver: config.max_deliver,
-                    max_ack_pending: config.max_ack_pending,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| stream_error(format!("cannot create consumer {}: {e}", config.durable)))?;
-        let messages = consumer
-            .stream()
-            .max_messages_per_batch(config.pull_batch.max(1))
-            .heartbeat(Duration::from_secs(5))
-            .messages()
-            .await
-            .map_err(|e| stream_error(format!("cannot pull from {}: {e}", config.durable)))?;
-        Ok(JetStreamSource {
-            messages,
-            durable: Arc::from(config.durable),
-        })
+        let multi_filter = server_takes_several_filters(&self.client.server_info().version);
+        let mut all = SelectAll::new();
+        for (durable, filters) in self.durables(multi_filter) {
+            let (filter_subject, filter_subjects) = match filters.as_slice() {
+                [] => (String::new(), Vec::new()),
+                [one] => (one.clone(), Vec::new()),
+                several => (String::new(), several.to_vec()),
+            };
+            let consumer = stream
+                .get_or_create_consumer(
+                    &durable,
+                    pull::Config {
+                        durable_name: Some(durable.clone()),
+                        filter_subject,
+                        filter_subjects,
+                        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                        ack_wait: config.ack_wait,
+                        max_deliver: config.max_deliver,
+                        max_ack_pending: config.max_ack_pending,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| stream_error(format!("cannot create consumer {durable}: {e}")))?;
+            let messages = consumer
+                .stream()
+                .max_messages_per_batch(config.pull_batch.max(1))
+                .heartbeat(Duration::from_secs(5))
+                .messages()
+                .await
+                .map_err(|e| stream_error(format!("cannot pull from {durable}: {e}")))?;
+            let messages: MessageStream =
+                Box::pin(messages.map(|item| item.map_err(|e| e.to_string())));
+            all.push(messages);
+        }
+        self.messages = Some(all);
+        Ok(())
     }
+}
+
+/// Whether a nats-server version (`2.10.4`) accepts several subject
+/// filters on one consumer (2.10 and later).
+fn server_takes_several_filters(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= (2, 10)
 }
 
 /// A JetStream message being processed.
@@ -192,23 +310,42 @@ impl JetStreamDelivery {
             metrics::gauge!(crate::metrics::CONSUMER_PENDING, "consumer" => Arc::clone(durable))
                 .set(pending as f64);
         }
-        let attributes = message
-            .headers
-            .as_ref()
-            .map(|headers| {
-                headers
-                    .iter()
-                    .filter_map(|(name, values)| {
-                        let attribute = AsRef::<str>::as_ref(name).strip_prefix("ce-")?;
-                        let value = values.first()?.as_str();
-                        Some((attribute.to_owned(), value.to_owned()))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let incoming = Incoming::new(attributes, message.payload.to_vec(), attempt);
+        let mut attributes = Vec::new();
+        let mut problem = None;
+        if let Some(headers) = message.headers.as_ref() {
+            for (name, values) in headers.iter() {
+                let name: &str = name.as_ref();
+                let Some(attribute) = ce_attribute(name) else {
+                    continue;
+                };
+                let Some(raw) = values.first() else {
+                    continue;
+                };
+                match decode_header_value(name, raw.as_str()) {
+                    Ok(value) => attributes.push((attribute, value)),
+                    Err(error) => {
+                        problem.get_or_insert_with(|| error.to_string());
+                        attributes.push((attribute, raw.as_str().to_owned()));
+                    }
+                }
+            }
+        }
+        let payload = message.payload.to_vec();
+        let incoming = match problem {
+            None => Incoming::new(attributes, payload, attempt),
+            Some(reason) => Incoming::malformed(attributes, payload, attempt, reason),
+        };
         JetStreamDelivery { message, incoming }
     }
+}
+
+/// The CloudEvents attribute of a header name (`ce-`, `CE-`, `Ce-` ...),
+/// lower-cased: header names are case-insensitive in NATS.
+fn ce_attribute(name: &str) -> Option<String> {
+    let prefix = name.get(..3)?;
+    prefix
+        .eq_ignore_ascii_case("ce-")
+        .then(|| name[3..].to_ascii_lowercase())
 }
 
 impl Delivery for JetStreamDelivery {
@@ -235,15 +372,29 @@ impl MessageSource for JetStreamSource {
     type Delivery = JetStreamDelivery;
 
     async fn next_batch(&mut self, max: usize) -> Result<Vec<JetStreamDelivery>, SourceError> {
+        if self.messages.is_none() {
+            if !is_connected(&self.client) {
+                return Err(SourceError(format!(
+                    "not connected to NATS at {}; subscribing once it is",
+                    self.config.nats.url
+                )));
+            }
+            self.subscribe()
+                .await
+                .map_err(|e| SourceError(e.to_string()))?;
+        }
+        let Some(messages) = self.messages.as_mut() else {
+            return Err(SourceError("not subscribed".into()));
+        };
         let mut batch = Vec::new();
-        let first = match self.messages.next().await {
+        let first = match messages.next().await {
             Some(Ok(message)) => message,
             Some(Err(error)) => return Err(SourceError(format!("JetStream pull failed: {error}"))),
             None => return Ok(batch),
         };
         batch.push(JetStreamDelivery::new(first, &self.durable));
         while batch.len() < max {
-            match self.messages.next().now_or_never() {
+            match messages.next().now_or_never() {
                 Some(Some(Ok(message))) => {
                     batch.push(JetStreamDelivery::new(message, &self.durable))
                 }
@@ -256,7 +407,7 @@ impl MessageSource for JetStreamSource {
 
 #[cfg(test)]
 mod tests {
-    use super::common_filter;
+    use super::*;
 
     #[test]
     fn one_filter_covers_all_subjects() {
@@ -283,5 +434,25 @@ mod tests {
             "events.>"
         );
         assert_eq!(common_filter(&[], "events.>"), "events.>");
+    }
+
+    #[test]
+    fn header_names_match_without_case_and_servers_are_told_apart() {
+        assert_eq!(ce_attribute("ce-id").as_deref(), Some("id"));
+        assert_eq!(ce_attribute("CE-Type").as_deref(), Some("type"));
+        assert_eq!(ce_attribute("Nats-Msg-Id"), None);
+        assert_eq!(ce_attribute("ce"), None);
+        assert!(!server_takes_several_filters("2.9.10"));
+        assert!(server_takes_several_filters("2.10.0"));
+        assert!(server_takes_several_filters("v2.11.3"));
+        assert!(server_takes_several_filters("3.0.0"));
+        assert_eq!(
+            durable_for_filter("billing", "events.order.>"),
+            durable_for_filter("billing", "events.order.>")
+        );
+        assert_ne!(
+            durable_for_filter("billing", "events.order.>"),
+            durable_for_filter("billing", "events.payment.>")
+        );
     }
 }

@@ -1,0 +1,313 @@
+//! Replaying quarantined messages and dead letters into the consumer after
+//! a fix (a consumer upgraded to read a new schema version, a handler bug
+//! fixed, a missing row created).
+//!
+//! A replay names its letters by id and carries a [`RepairRequest`] (who
+//! and why). Each letter goes through the normal path in one transaction
+//! that also closes the letter: the inbox (an event applied meanwhile is
+//! not applied again), the ordering policy (under strict ordering a
+//! replayed version that is still early is parked and applied in order
+//! once its predecessor is there), the handler, the commit. A letter whose
+//! replay fails stays open with the error. One audit row records the
+//! request and what happened to each letter.
+
+use serde::Serialize;
+
+use super::Consumer;
+use super::incoming::{Incoming, Outcome};
+use super::process::{ConsumerError, Gate, Prepared, transaction_intact};
+use crate::audit::{RepairError, RepairRequest};
+use crate::metrics as m;
+use crate::store::audit::AuditSql;
+
+/// What a replay did with one letter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ReplayOutcome {
+    /// The handler ran and committed; the letter is closed.
+    Applied,
+    /// The consumer had applied the event already; the letter is closed,
+    /// nothing was applied again.
+    AlreadyApplied,
+    /// The aggregate's position is at or past this version; the letter is
+    /// closed, nothing was applied.
+    Stale {
+        /// The position.
+        position: Option<i64>,
+    },
+    /// Strict ordering: its predecessor is still missing; the message now
+    /// waits in the parked table (and is applied in order when the
+    /// predecessor comes); the letter is closed.
+    Parked {
+        /// The version it waits for.
+        waiting_for: i64,
+    },
+    /// The consumer has no handler for it (any more); the letter is closed.
+    Ignored,
+    /// The handler failed again; the letter stays open with this error.
+    Failed {
+        /// The handler's error.
+        error: String,
+    },
+    /// The message still cannot be read; the letter stays open.
+    StillUnreadable {
+        /// Why.
+        reason: String,
+    },
+    /// There is no open letter with this id for this consumer.
+    NotFound,
+}
+
+impl ReplayOutcome {
+    /// A short label for metrics and tables.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReplayOutcome::Applied => "applied",
+            ReplayOutcome::AlreadyApplied => "already_applied",
+            ReplayOutcome::Stale { .. } => "stale",
+            ReplayOutcome::Parked { .. } => "parked",
+            ReplayOutcome::Ignored => "ignored",
+            ReplayOutcome::Failed { .. } => "failed",
+            ReplayOutcome::StillUnreadable { .. } => "still_unreadable",
+            ReplayOutcome::NotFound => "not_found",
+        }
+    }
+
+    /// Whether the letter was closed.
+    pub fn resolved(&self) -> bool {
+        !matches!(
+            self,
+            ReplayOutcome::Failed { .. }
+                | ReplayOutcome::StillUnreadable { .. }
+                | ReplayOutcome::NotFound
+        )
+    }
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplayReport {
+    /// The audit row that records it.
+    pub audit_id: i64,
+    /// Each letter id with its outcome, in the order given.
+    pub letters: Vec<(i64, ReplayOutcome)>,
+}
+
+/// A replay was refused or could not reach the database.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The request was refused before anything changed.
+    #[error(transparent)]
+    Refused(#[from] RepairError),
+    /// The database failed; the letters handled before it keep their
+    /// outcome (each had its own transaction), the rest are unchanged.
+    #[error(transparent)]
+    Database(#[from] ConsumerError),
+}
+
+impl Consumer {
+    async fn claim_for_replay(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        event_id: uuid::Uuid,
+    ) -> Result<bool, ConsumerError> {
+        self.inner
+            .sql
+            .claim_replay(tx, &self.inner.name, event_id)
+            .await
+            .map_err(self.db_error("recording the event in the inbox"))
+    }
+
+    /// Replays the open letters `letter_ids` (quarantine or dead letters of
+    /// this consumer) through the consumer, one transaction each, and
+    /// records the request and every outcome in the audit table.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: outbox_core::consumer::Consumer) -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_core::audit::RepairRequest;
+    /// let request = RepairRequest::new("ada", "billing upgraded to read order.created v3")?;
+    /// let report = consumer.replay(&[41, 42], &request).await?;
+    /// for (letter, outcome) in &report.letters {
+    ///     println!("{letter}: {}", outcome.label());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay(
+        &self,
+        letter_ids: &[i64],
+        request: &RepairRequest,
+    ) -> Result<ReplayReport, ReplayError> {
+        if letter_ids.is_empty() {
+            return Err(RepairError::NoIds.into());
+        }
+        let audit = AuditSql::new(&self.inner.schema);
+        let ids: Vec<String> = letter_ids.iter().map(i64::to_string).collect();
+        let audit_id = {
+            let mut conn = self
+                .inner
+                .pool
+                .acquire()
+                .await
+                .map_err(self.db_error("acquiring a connection"))?;
+            audit
+                .begin(
+                    &mut conn,
+                    request,
+                    "consumer.replay",
+                    &self.inner.name,
+                    &ids,
+                )
+                .await
+                .map_err(self.db_error("writing the audit row"))?
+        };
+        let mut letters = Vec::with_capacity(letter_ids.len());
+        for &letter_id in letter_ids {
+            let outcome = self.replay_one(letter_id).await?;
+            metrics::counter!(
+                m::CONSUMER_REPLAYS,
+                "consumer" => self.inner.name.to_string(),
+                "outcome" => outcome.label(),
+            )
+            .increment(1);
+            tracing::info!(
+                consumer = %self.inner.name, letter_id, outcome = outcome.label(),
+                operator = request.operator(), "letter replayed"
+            );
+            letters.push((letter_id, outcome));
+        }
+        let outcomes = serde_json::Value::Array(
+            letters
+                .iter()
+                .map(|(id, outcome)| {
+                    let mut value = serde_json::to_value(outcome).unwrap_or_default();
+                    if let Some(object) = value.as_object_mut() {
+                        object.insert("id".into(), serde_json::Value::from(id.to_string()));
+                    }
+                    value
+                })
+                .collect(),
+        );
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(self.db_error("acquiring a connection"))?;
+        audit
+            .finish(&mut conn, audit_id, &outcomes)
+            .await
+            .map_err(self.db_error("completing the audit row"))?;
+        Ok(ReplayReport { audit_id, letters })
+    }
+
+    async fn replay_one(&self, letter_id: i64) -> Result<ReplayOutcome, ConsumerError> {
+        let sql = &self.inner.sql;
+        let name = &*self.inner.name;
+        let mut tx = self.begin().await?;
+        let Some(stored) = sql
+            .lock_letter(&mut tx, name, letter_id)
+            .await
+            .map_err(self.db_error("reading a letter"))?
+        else {
+            let _ = tx.rollback().await;
+            return Ok(ReplayOutcome::NotFound);
+        };
+        let attributes =
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&stored.headers)
+                .map(|map| {
+                    map.into_iter()
+                        .filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default();
+        let incoming = Incoming::new(attributes, stored.payload, 1);
+        let resolve = |outcome: &ReplayOutcome| format!("replayed: {}", outcome.label());
+        let (outcome, drain) = match self.prepare(&incoming) {
+            Prepared::Unreadable { reason, .. } => {
+                sql.letter_replay_failed(&mut tx, name, letter_id, &reason)
+                    .await
+                    .map_err(self.db_error("recording a failed replay"))?;
+                tx.commit()
+                    .await
+                    .map_err(self.db_error("committing a failed replay"))?;
+                return Ok(ReplayOutcome::StillUnreadable { reason });
+            }
+            Prepared::Foreign => (ReplayOutcome::Ignored, None),
+            Prepared::Ignored { envelope } if !self.tracks(&envelope) => {
+                (ReplayOutcome::Ignored, None)
+            }
+            Prepared::Ignored { envelope } => {
+                if !self.claim_for_replay(&mut tx, envelope.id).await? {
+                    (ReplayOutcome::AlreadyApplied, None)
+                } else {
+                    match self.pass_skipped(&mut tx, &envelope).await? {
+                        Outcome::Stale { position } => (ReplayOutcome::Stale { position }, None),
+                        Outcome::Parked { waiting_for } => {
+                            (ReplayOutcome::Parked { waiting_for }, None)
+                        }
+                        _ => (ReplayOutcome::Ignored, Some(envelope)),
+                    }
+                }
+            }
+            Prepared::Ready {
+                envelope,
+                dispatch,
+                decoded,
+            } => {
+                if !self.claim_for_replay(&mut tx, envelope.id).await? {
+                    (ReplayOutcome::AlreadyApplied, None)
+                } else {
+                    match self.gate(&mut tx, &envelope).await? {
+                        Gate::Stale(position) => (ReplayOutcome::Stale { position }, None),
+                        Gate::Park(waiting_for) => {
+                            self.park(&mut tx, &envelope).await?;
+                            (ReplayOutcome::Parked { waiting_for }, None)
+                        }
+                        Gate::Go { first_start } => {
+                            let result = match self
+                                .run_handler(dispatch, decoded, &envelope, 1, &mut tx)
+                                .await
+                            {
+                                Ok(()) => transaction_intact(&mut tx).await,
+                                failed => failed,
+                            };
+                            if let Err(error) = result {
+                                let _ = tx.rollback().await;
+                                if first_start {
+                                    self.pin_start(&envelope).await?;
+                                }
+                                let error = error.to_string();
+                                let mut conn = self
+                                    .inner
+                                    .pool
+                                    .acquire()
+                                    .await
+                                    .map_err(self.db_error("acquiring a connection"))?;
+                                sql.letter_replay_failed(&mut conn, name, letter_id, &error)
+                                    .await
+                                    .map_err(self.db_error("recording a failed replay"))?;
+                                return Ok(ReplayOutcome::Failed { error });
+                            }
+                            if self.is_strict() {
+                                self.set_position(&mut tx, &envelope).await?;
+                            }
+                            self.record_lag(&envelope);
+                            (ReplayOutcome::Applied, self.is_strict().then_some(envelope))
+                        }
+                    }
+                }
+            }
+        };
+        sql.resolve_letter(&mut tx, name, letter_id, &resolve(&outcome))
+            .await
+            .map_err(self.db_error("closing a letter"))?;
+        tx.commit()
+            .await
+            .map_err(self.db_error("committing a replay"))?;
+        if let Some(envelope) = drain {
+            self.drain_logged(&envelope.aggregate_type, &envelope.aggregate_id)
+                .await;
+        }
+        Ok(outcome)
+    }
+}

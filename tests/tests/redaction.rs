@@ -1,0 +1,157 @@
+//! Redaction holds everywhere a payload could show: the `Debug` output of
+//! the types that carry one (`Envelope`, `Incoming`, `ClaimedEvent`,
+//! `EventDraft`), decode errors (serde quotes the offending value; here a
+//! secret of the wrong type), the quarantine reason stored in the
+//! database, the outcome handed back, and everything logged through
+//! `tracing` on the way. The secret never appears.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use outbox_core::consumer::{ConsumerBuilder, Incoming, Outcome};
+use outbox_core::relay::ClaimedEvent;
+use outbox_core::{Envelope, EventDraft, OutboxEvent, ce};
+use outbox_tests::TestDb;
+use outbox_tests::consumers::{create_effects, effect_handler, letters};
+use outbox_tests::events::CardCharged;
+use serde_json::value::RawValue;
+
+const SECRET_NUMBER: u64 = 4_111_999_988_887_777;
+const SECRET_TEXT: &str = "4111-SECRET-7777";
+
+/// Everything written through `tracing`, at every level.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+fn assert_hidden(what: &str, text: &str) {
+    for secret in [SECRET_NUMBER.to_string(), SECRET_TEXT.to_owned()] {
+        assert!(!text.contains(&secret), "{what} shows the secret: {text}");
+    }
+}
+
+fn charge() -> CardCharged {
+    CardCharged {
+        charge_id: "ch-1".into(),
+        card_number: SECRET_NUMBER,
+        amount_cents: 1250,
+    }
+}
+
+#[tokio::test]
+async fn a_redacted_field_never_shows_in_debug_output_errors_stored_reasons_or_logs() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .init();
+
+    // Debug output of every type that carries a payload.
+    let envelope = Envelope::for_event(&charge(), 1).unwrap();
+    assert!(envelope.payload.get().contains(&SECRET_NUMBER.to_string()));
+    let shown = format!("{envelope:?} {envelope} {envelope:#?}");
+    assert_hidden("Envelope", &shown);
+    assert!(
+        shown.contains("[REDACTED]") && shown.contains("1250"),
+        "{shown}"
+    );
+    assert_hidden(
+        "EventDraft",
+        &format!("{:?}", EventDraft::new(&charge()).unwrap()),
+    );
+    assert_hidden(
+        "ClaimedEvent",
+        &format!(
+            "{:?}",
+            ClaimedEvent {
+                envelope: envelope.clone(),
+                attempts: 0
+            }
+        ),
+    );
+    assert_hidden(
+        "Incoming",
+        &format!("{:?}", Incoming::from_envelope(&envelope, 1)),
+    );
+
+    // A secret of the wrong type: serde's error would quote it.
+    let mut wrong = envelope.clone();
+    wrong.id = uuid::Uuid::now_v7();
+    wrong.payload = RawValue::from_string(format!(
+        r#"{{"charge_id":"ch-1","card_number":"{SECRET_TEXT}","amount_cents":1250}}"#
+    ))
+    .unwrap();
+    assert_hidden("Envelope with a wrong type", &format!("{wrong:?}"));
+    let error = CardCharged::decode(1, &wrong.payload).unwrap_err();
+    let mut chain = format!("{error} {error:?}");
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        chain.push_str(&format!(" {cause} {cause:?}"));
+        source = cause.source();
+    }
+    assert_hidden("DecodeError and its sources", &chain);
+    assert!(chain.contains("expected u64"), "{chain}");
+
+    // Through a consumer: quarantined with a reason that names the
+    // problem, not the value.
+    let db = TestDb::new().await;
+    create_effects(&db).await;
+    let consumer = ConsumerBuilder::new("cards")
+        .on_fn::<CardCharged, _>(effect_handler(db.table("effects")))
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let outcome = consumer.handle_envelope(&wrong).await.unwrap();
+    let Outcome::Quarantined { reason } = &outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        reason.contains("card.charged v1") && reason.contains("expected u64"),
+        "{reason}"
+    );
+    assert_hidden("Outcome", &format!("{outcome:?}"));
+    let stored = letters(&db, "cards").await;
+    assert_eq!(stored.len(), 1);
+    assert_hidden("the stored reason", &stored[0].reason);
+    // The raw message is kept (for a replay after a fix), not shown.
+    assert!(String::from_utf8_lossy(&stored[0].payload).contains(SECRET_TEXT));
+    // A message that does not name its attributes right is quarantined
+    // too, and its Debug output hides the payload.
+    let mut attributes: Vec<(String, String)> = envelope
+        .cloudevents_attributes("/x")
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    attributes.retain(|(k, _)| k != ce::ID);
+    let headless = Incoming::new(attributes, envelope.payload.get().as_bytes().to_vec(), 1);
+    assert_hidden("Incoming without an id", &format!("{headless:?}"));
+    assert!(matches!(
+        consumer.handle(&headless).await.unwrap(),
+        Outcome::Quarantined { .. }
+    ));
+
+    let logs = captured.text();
+    assert!(
+        logs.contains("message quarantined"),
+        "the log was captured: {logs}"
+    );
+    assert_hidden("the tracing output", &logs);
+    db.drop_schema().await;
+}
