@@ -3,8 +3,10 @@
 # write orders and emit events in one transaction, the relay publishes them
 # to NATS JetStream, and two consumers (billing, order status) apply them
 # once each; the run checks the outcome and fails when anything is off.
+# `scripts/demo.sh --schemas` also prints every contract's JSON Schema.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
-cargo run --quiet -p outbox-examples --bin contracts
+cargo run --quiet -p outbox-examples --bin contracts -- "$@"
+echo "flow: order commands emit in their own transaction -> outbox_demo.outbox_events -> relay -> JetStream stream OUTBOX_DEMO -> consumers billing (RejectStale) and order-status (Strict)"
 cargo run --quiet -p outbox-examples --bin order-service

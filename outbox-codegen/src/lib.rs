@@ -86,7 +86,7 @@ pub enum CodegenError {
     NotFound(String),
 }
 
-/// How [`write`] treats published versions whose schema changed.
+/// How [`write()`] treats published versions whose schema changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteMode {
     /// Refuse: a published version is frozen.

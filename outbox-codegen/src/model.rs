@@ -82,7 +82,7 @@ pub struct RegistryModel {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
-    /// Always [`FORMAT`].
+    /// Always `outbox-schema-registry/1`.
     pub format: String,
     /// One entry per event type, sorted.
     pub event_types: Vec<EventTypeEntry>,

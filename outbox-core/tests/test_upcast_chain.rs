@@ -236,7 +236,9 @@ fn a_failing_try_from_surfaces_its_error() {
         "{error:?}"
     );
     assert!(
-        error.to_string().contains("currency \"…\" is not 3 letters"),
+        error
+            .to_string()
+            .contains("currency \"…\" is not 3 letters"),
         "{error}"
     );
     // The step's own error is still there for code that inspects it.

@@ -3,12 +3,10 @@
 //!
 //! Use it through `outbox-core`, which re-exports it. The pipeline follows
 //! serde_derive and thiserror: `internals::ast` builds the model from the
-//! syntax tree (every bad attribute becomes an error in one [`Ctxt`]),
+//! syntax tree (every bad attribute becomes an error in one `Ctxt`),
 //! `internals::check` runs the cross-cutting rules, `expand` generates the
 //! impl, and `fallback` emits a stub impl next to the errors so the user
 //! sees the real problem, not a cascade.
-//!
-//! [`Ctxt`]: internals::Ctxt
 
 mod expand;
 mod fallback;

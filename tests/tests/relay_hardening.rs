@@ -439,3 +439,34 @@ async fn the_batch_duration_includes_the_claim() {
     );
     db.drop_schema().await;
 }
+
+/// Fields in an order serde keeps and jsonb would not (jsonb sorts keys by
+/// length, then bytes) and a number jsonb would re-render.
+#[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, outbox_core::OutboxEvent)]
+#[outbox(event_type = "text.kept", aggregate = "text", version = 1)]
+struct TextKept {
+    zebra: String,
+    #[outbox(aggregate_id)]
+    id: String,
+    amount: f64,
+    a: u8,
+}
+
+#[tokio::test]
+async fn the_payload_reaches_the_transport_byte_for_byte_as_serde_wrote_it() {
+    let db = TestDb::new().await;
+    let event = TextKept {
+        zebra: "first".into(),
+        id: "t1".into(),
+        amount: 1.50,
+        a: 7,
+    };
+    let written = serde_json::to_string(&event).unwrap();
+    assert_eq!(written, r#"{"zebra":"first","id":"t1","amount":1.5,"a":7}"#);
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.emit(&mut tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    let published = relay_all(&db, fast_config(), 1).await;
+    assert_eq!(published[0].payload.get(), written);
+    db.drop_schema().await;
+}

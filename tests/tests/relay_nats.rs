@@ -83,15 +83,19 @@ async fn article_test_2_events_committed_while_the_broker_is_down_arrive_after_i
     // The relay sees the broker down and claims nothing: the events stay
     // pending with their attempts untouched (at most one failed attempt,
     // by a batch that was already on its way when the broker went).
-    wait::until("the relay reports the broker down", Duration::from_secs(30), || async {
-        !relay.health().is_up()
-    })
+    wait::until(
+        "the relay reports the broker down",
+        Duration::from_secs(30),
+        || async { !relay.health().is_up() },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(db.published().await, 0);
     assert_eq!(
-        db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_events WHERE status <> 'pending' OR attempt_count > 1")
-            .await,
+        db.scalar::<i64>(
+            "SELECT count(*) FROM {s}.outbox_events WHERE status <> 'pending' OR attempt_count > 1"
+        )
+        .await,
         0,
         "nothing failed, nothing used more than one attempt"
     );

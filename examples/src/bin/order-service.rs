@@ -206,11 +206,11 @@ async fn main() -> anyhow::Result<()> {
         i64,
         chrono::DateTime<chrono::Utc>,
         Option<String>,
-        serde_json::Value,
+        String,
     );
     let row: Row = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT id, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version, created_at,
-                traceparent, payload
+                traceparent, payload::text
          FROM {s}.outbox_events WHERE event_type = 'order.created' ORDER BY seq LIMIT 1"
     )))
     .fetch_one(&pool)
@@ -224,7 +224,7 @@ async fn main() -> anyhow::Result<()> {
         aggregate_version: row.5,
         occurred_at: row.6,
         traceparent: row.7,
-        payload: serde_json::value::to_raw_value(&row.8)?,
+        payload: serde_json::value::RawValue::from_string(row.8)?,
     };
     println!("an event as logs show it: {shown}");
     ensure!(

@@ -4,7 +4,7 @@
 //! Each event goes to a subject rendered from a template
 //! (`events.{aggregate_type}.{event_type}` by default; an aggregate id in
 //! the template is written as one token with
-//! [`encode_token`](super::encoding::encode_token), so `a.b` stays one
+//! [`encode_token`], so `a.b` stays one
 //! token), carries the envelope as CloudEvents headers with the `ce-`
 //! prefix (binary content mode, values percent-encoded as the binding
 //! requires) and its event id as `Nats-Msg-Id`, so JetStream drops a
