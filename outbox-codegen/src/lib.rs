@@ -25,6 +25,31 @@
 //! Run it with `OUTBOX_REGISTRY_WRITE=1` to write new versions (never a
 //! changed published one; `OUTBOX_REGISTRY_WRITE=force` overwrites those
 //! too, for a version that was never released).
+//!
+//! The same steps by hand: write the folder for the contracts linked into
+//! this binary, then check the code against it.
+//!
+//! ```
+//! use outbox_codegen::{WriteMode, check, write};
+//! use outbox_core::OutboxEvent;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
+//! #[outbox(event_type = "doc.parcel_sent", aggregate = "doc_parcel", version = 1)]
+//! struct ParcelSent {
+//!     #[outbox(aggregate_id)]
+//!     parcel_id: String,
+//!     weight_grams: u32,
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let written = write(dir.path(), WriteMode::Safe)?;
+//! println!("{written:?}");
+//! assert!(dir.path().join("doc.parcel_sent/v1.json").exists());
+//! let report = check(dir.path())?;
+//! assert!(!report.has_errors(), "{}", report.render_text());
+//! # Ok(()) }
+//! ```
 
 mod asyncapi;
 mod canonical;

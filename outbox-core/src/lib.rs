@@ -5,14 +5,143 @@
 //! - [`OutboxEvent`] (derive it with `#[derive(OutboxEvent)]`) turns a struct
 //!   into a versioned event contract: event type, aggregate type, schema
 //!   version, aggregate id, redacted fields, upcasting from older versions.
-//! - [`ContractRegistry`] lists every contract linked into the binary.
-//! - [`Envelope`] carries an event with its metadata and maps onto
-//!   CloudEvents attributes on the wire.
+//! - [`Outbox::emit`] writes an event in the caller's own sqlx transaction.
+//! - [`relay::Relay`] publishes committed events at least once, in order per
+//!   aggregate, through a [`transport::Transport`] (NATS JetStream:
+//!   [`transport::nats`]).
+//! - [`consumer::ConsumerBuilder`] builds a consumer that applies each event
+//!   once per consumer in its own transaction, with typed handlers, ordering
+//!   policies, quarantine, dead letters and [`consumer::Consumer::replay`].
+//! - [`ContractRegistry`] lists every contract linked into the binary (the
+//!   `outbox-codegen` crate turns it into a schema registry that CI checks).
 //!
 //! The honest contract: the business change and the outbox row commit
 //! together or not at all; the relay publishes at least once; consumers
 //! apply their database effects once per (consumer, event id); ordering is
 //! per aggregate, never global.
+//!
+//! The examples below run against the PostgreSQL at `DATABASE_URL` and the
+//! NATS server at `NATS_URL` (the repository's `scripts/test.sh` starts
+//! both), each in a schema of its own.
+//!
+//! ## A contract and an emit
+//!
+//! ```
+//! use outbox_core::{Outbox, OutboxEvent};
+//! use outbox_core::store::SchemaName;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
+//! #[outbox(event_type = "doc.order_placed", aggregate = "doc_order", version = 1)]
+//! struct OrderPlaced {
+//!     #[outbox(aggregate_id)]
+//!     order_id: String,
+//!     #[outbox(redact)]
+//!     email: String,
+//!     total_cents: i64,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+//! let pool = sqlx::PgPool::connect(&url).await?;
+//! let outbox = Outbox::new(SchemaName::new(format!("doc_emit_{}", std::process::id()))?);
+//! outbox.migrate(&pool).await?;
+//!
+//! let mut tx = pool.begin().await?;
+//! // ... the business change, in the same transaction ...
+//! let emitted = outbox
+//!     .emit(&mut tx, &OrderPlaced { order_id: "o-1".into(), email: "ada@example.org".into(), total_cents: 4200 })
+//!     .await?;
+//! tx.commit().await?;
+//! assert_eq!(emitted.aggregate_version, 1);
+//! # sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", outbox.schema().quoted()))).execute(&pool).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## The relay
+//!
+//! ```
+//! # use outbox_core::{Outbox, OutboxEvent};
+//! # use outbox_core::store::SchemaName;
+//! use std::time::Duration;
+//! use outbox_core::relay::{Relay, RelayConfig, RelayStore};
+//! use outbox_core::store::{PgRelayStore};
+//! use outbox_core::transport::nats::{NatsConfig, NatsTransport};
+//! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
+//! # #[outbox(event_type = "doc.order_shipped", aggregate = "doc_shipment", version = 1)]
+//! # struct OrderPlaced { #[outbox(aggregate_id)] order_id: String, total_cents: i64 }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+//! # let pool = sqlx::PgPool::connect(&url).await?;
+//! # let schema = SchemaName::new(format!("doc_relay_{}", std::process::id()))?;
+//! # let outbox = Outbox::new(schema.clone());
+//! # outbox.migrate(&pool).await?;
+//! # let mut tx = pool.begin().await?;
+//! # outbox.emit(&mut tx, &OrderPlaced { order_id: "o-1".into(), total_cents: 1 }).await?;
+//! # tx.commit().await?;
+//! let nats = NatsConfig {
+//!     url: std::env::var("NATS_URL").unwrap_or_else(|_| NatsConfig::default().url),
+//!     stream: format!("DOC_RELAY_{}", std::process::id()),
+//!     subject_template: format!("doc{}.{{aggregate_type}}.{{event_type}}", std::process::id()),
+//!     ..NatsConfig::default()
+//! };
+//! let transport = NatsTransport::connect(nats.clone()).await?; // creates the stream
+//! let relay = Relay::start_postgres(pool.clone(), schema.clone(), transport, RelayConfig::default()).await?;
+//!
+//! // What an operator sees, without the relay handle.
+//! let store = PgRelayStore::new(pool.clone(), schema.clone(), Default::default(), Duration::from_secs(120));
+//! while store.stats().await?.pending > 0 {
+//!     tokio::time::sleep(Duration::from_millis(20)).await;
+//! }
+//! assert!(relay.health().is_up());
+//! relay.drain(Duration::from_secs(5)).await?;
+//! # let client = async_nats::connect(nats.url.as_str()).await?;
+//! # let _ = async_nats::jetstream::new(client).delete_stream(&nats.stream).await;
+//! # sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", schema.quoted()))).execute(&pool).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## A consumer
+//!
+//! ```
+//! # use outbox_core::{Envelope, Outbox, OutboxEvent};
+//! # use outbox_core::store::SchemaName;
+//! use outbox_core::consumer::{ConsumerBuilder, HandlerError, Outcome, Received};
+//! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
+//! # #[outbox(event_type = "doc.order_billed", aggregate = "doc_bill", version = 1)]
+//! # struct OrderPlaced { #[outbox(aggregate_id)] order_id: String, total_cents: i64 }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+//! # let pool = sqlx::PgPool::connect(&url).await?;
+//! # let schema = SchemaName::new(format!("doc_consumer_{}", std::process::id()))?;
+//! # Outbox::new(schema.clone()).migrate(&pool).await?;
+//! # let s = schema.quoted();
+//! # sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {s}.invoices (order_id text PRIMARY KEY, cents bigint)"))).execute(&pool).await?;
+//! let invoices = format!("INSERT INTO {s}.invoices (order_id, cents) VALUES ($1, $2)");
+//! let consumer = ConsumerBuilder::new("billing")
+//!     .on_fn(move |order: Received<OrderPlaced>, tx| {
+//!         let invoices = invoices.clone();
+//!         Box::pin(async move {
+//!             sqlx::query(sqlx::AssertSqlSafe(invoices))
+//!                 .bind(&order.event.order_id)
+//!                 .bind(order.event.total_cents)
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!             Ok::<(), HandlerError>(())
+//!         })
+//!     })
+//!     .build(pool.clone(), schema.clone())?;
+//!
+//! // Usually fed by `consumer.spawn(JetStreamSource::connect(..))`; any
+//! // envelope works too.
+//! let event = Envelope::for_event(&OrderPlaced { order_id: "o-1".into(), total_cents: 4200 }, 1)?;
+//! assert_eq!(consumer.handle_envelope(&event).await?, Outcome::Applied);
+//! assert_eq!(consumer.handle_envelope(&event).await?, Outcome::Duplicate);
+//! # sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {s} CASCADE"))).execute(&pool).await?;
+//! # Ok(()) }
+//! ```
 
 #[cfg(feature = "postgres")]
 pub mod audit;
