@@ -10,14 +10,14 @@
 
 use std::collections::BTreeMap;
 
-use outbox_core::{ContractRegistry, RegistryError, RegistryErrors};
+use outbox_core::{CompatibilityMode, ContractRegistry, RegistryError, RegistryErrors};
 use serde_json::Value;
 
 use crate::canonical::to_canonical_string;
 use crate::compat::{self, Compatibility};
 use crate::folder::LoadedFolder;
 use crate::generate;
-use crate::model::{ASYNCAPI_FILE, MANIFEST_FILE, RegistryModel, contract_hash};
+use crate::model::{ASYNCAPI_FILE, EventTypeModel, MANIFEST_FILE, RegistryModel, contract_hash};
 use crate::report::{Finding, FindingKind, Report, Severity};
 
 fn finding(
@@ -159,9 +159,33 @@ pub(crate) fn check_code(
     // Stale generated files follow from the errors above and share their
     // remedy; report them only when nothing else is wrong.
     if !report.has_errors() {
+        compare_schema_ids(&mut report, &expected, folder);
         compare_generated_files(&mut report, &expected, folder);
     }
     report.sorted()
+}
+
+/// Each schema file's `$id` must be the URI producers put in `dataschema`
+/// for that version (`settings.schema_base`, or the `urn:outbox:schema:`
+/// form), so a consumer can resolve what an event points at.
+fn compare_schema_ids(report: &mut Report, model: &RegistryModel, folder: &LoadedFolder) {
+    for ((event_type, version), found) in &folder.ids {
+        let expected = model.settings.schema_id(event_type, *version);
+        if found.as_deref() == Some(expected.as_str()) {
+            continue;
+        }
+        report.push(finding(
+            Severity::Error,
+            FindingKind::SchemaIdMismatch,
+            event_type,
+            Some(*version),
+            Some("/$id".to_owned()),
+            format!(
+                "the schema file's $id is {}, but events carry dataschema {expected:?}; regenerate the folder with OUTBOX_REGISTRY_WRITE=1 (or set settings.schema_base to the transport's dataschema_base)",
+                found.as_deref().map_or_else(|| "missing".to_owned(), |id| format!("{id:?}"))
+            ),
+        ));
+    }
 }
 
 /// Checks a folder on its own: chain, upcasters, hashes, manifest and
@@ -194,6 +218,7 @@ pub(crate) fn check_folder(folder: &LoadedFolder) -> Report {
         }
     }
     check_model_rules(&mut report, &folder.model);
+    compare_schema_ids(&mut report, &folder.model, folder);
     compare_generated_files(&mut report, &folder.model, folder);
     report.sorted()
 }
@@ -338,7 +363,101 @@ fn check_model_rules(report: &mut Report, model: &RegistryModel) {
                 (Some(_), None) => {}
             }
         }
+        for version in entry.versions.keys() {
+            report
+                .findings
+                .extend(mode_findings(event_type, entry, *version));
+        }
     }
+}
+
+/// Whether version `to` reads data of `from` through upcasters: every
+/// version from `from + 1` to `to` has its schema and an upcaster from its
+/// predecessor.
+fn upcast_path(entry: &EventTypeModel, from: u32, to: u32) -> bool {
+    (from + 1..=to).all(|v| {
+        entry
+            .versions
+            .get(&v)
+            .is_some_and(|m| m.upcast_from.is_some())
+    })
+}
+
+/// The findings of version `version` against the event type's compatibility
+/// mode: the previous version, or every earlier one for a transitive mode.
+/// Backward is met by the schemas or by an upcast path; forward only by the
+/// schemas (old readers have no upcaster for data newer than they are).
+pub(crate) fn mode_findings(
+    event_type: &str,
+    entry: &EventTypeModel,
+    version: u32,
+) -> Vec<Finding> {
+    let mode = entry.effective_mode();
+    let Some(current) = entry.versions.get(&version) else {
+        return Vec::new();
+    };
+    if mode == CompatibilityMode::None {
+        return Vec::new();
+    }
+    let earlier: Vec<u32> = if mode.transitive() {
+        entry.versions.range(..version).map(|(v, _)| *v).collect()
+    } else {
+        entry
+            .versions
+            .contains_key(&(version.wrapping_sub(1)))
+            .then(|| version - 1)
+            .into_iter()
+            .collect()
+    };
+    let mut findings = Vec::new();
+    for from in earlier {
+        let classification = compat::classify(&entry.versions[&from].schema, &current.schema);
+        // A version without its own upcaster is the missing-upcaster
+        // finding already; here only a broken longer path counts.
+        if mode.backward()
+            && current.upcast_from.is_some()
+            && !classification.compatibility().is_backward()
+            && !upcast_path(entry, from, version)
+        {
+            let breaking: Vec<String> = classification
+                .changes
+                .iter()
+                .filter(|c| !c.backward)
+                .map(|c| format!("{} [{}]", c.description, c.rule))
+                .collect();
+            findings.push(finding(
+                Severity::Error,
+                FindingKind::CompatibilityMode,
+                event_type,
+                Some(version),
+                classification.changes.iter().find(|c| !c.backward).map(|c| c.path.clone()),
+                format!(
+                    "compatibility mode {mode}: readers of v{version} cannot read v{from} data ({}) and no upcast path leads from v{from} to v{version}",
+                    breaking.join("; ")
+                ),
+            ));
+        }
+        if mode.forward() && !classification.changes.iter().all(|c| c.forward) {
+            let breaking: Vec<String> = classification
+                .changes
+                .iter()
+                .filter(|c| !c.forward)
+                .map(|c| format!("{} [{}]", c.description, c.rule))
+                .collect();
+            findings.push(finding(
+                Severity::Error,
+                FindingKind::CompatibilityMode,
+                event_type,
+                Some(version),
+                classification.changes.iter().find(|c| !c.forward).map(|c| c.path.clone()),
+                format!(
+                    "compatibility mode {mode}: readers of v{from} cannot read v{version} data ({}); upcasters do not help old readers: make the change forward compatible, or declare another mode",
+                    breaking.join("; ")
+                ),
+            ));
+        }
+    }
+    findings
 }
 
 /// Manifest, AsyncAPI document and stray files against what `model` gives.

@@ -66,6 +66,9 @@ impl fmt::Display for Compatibility {
 pub struct Change {
     /// Logical path of the place that changed.
     pub path: String,
+    /// The rule that classified it (`field-added-optional`, `likely-rename`,
+    /// `keyword-unknown`, …; the README's table lists them all).
+    pub rule: &'static str,
     /// What changed, in words, naming the field.
     pub description: String,
     /// New readers can read old data despite this change.
@@ -110,22 +113,130 @@ impl Classification {
 }
 
 /// Classifies the change from `old` to `new` (two JSON Schemas).
+///
+/// A `$ref` with sibling keywords (draft 2020-12 applies both; schemars
+/// writes the tag of an internally tagged enum's newtype variant that way)
+/// is read as the referenced schema with the siblings merged in.
 pub fn classify(old: &Value, new: &Value) -> Classification {
+    let old = merge_ref_siblings(old);
+    let new = merge_ref_siblings(new);
     let mut walker = Walker {
-        old_root: old,
-        new_root: new,
+        old_root: &old,
+        new_root: &new,
         visited: HashSet::new(),
         changes: Vec::new(),
     };
-    walker.compare(old, new, String::new());
+    walker.compare(&old, &new, String::new());
     Classification {
         changes: walker.changes,
     }
 }
 
-/// Keywords that document a schema without constraining data.
+/// Keywords that identify a schema or carry content hints without
+/// constraining data (draft 2020-12's core identifiers and content
+/// vocabulary): not a contract change either.
+const NON_VALIDATING: &[&str] = &[
+    "$anchor",
+    "$dynamicAnchor",
+    "$vocabulary",
+    "contentEncoding",
+    "contentMediaType",
+    "contentSchema",
+];
+
+/// Keywords the walker reads through `Shape` or walks into; everything
+/// else is compared by `compare_keywords`.
+const STRUCTURAL: &[&str] = &[
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "format",
+    "minimum",
+    "maximum",
+    "default",
+    "anyOf",
+    "oneOf",
+    "$ref",
+    "$defs",
+    "definitions",
+];
+
+/// Every `{"$ref": …, <other keywords>}` becomes the referenced schema with
+/// those keywords merged in (properties and `required` joined, the
+/// siblings winning elsewhere), everywhere in the document.
+fn merge_ref_siblings(root: &Value) -> Value {
+    fn walk(root: &Value, node: &Value, depth: usize) -> Value {
+        match node {
+            Value::Object(map) if depth < 64 => {
+                let has_siblings = map.contains_key("$ref")
+                    && map
+                        .keys()
+                        .any(|k| k != "$ref" && !ANNOTATIONS.contains(&k.as_str()));
+                let mut merged: Map<String, Value> = if has_siblings {
+                    let target = map
+                        .get("$ref")
+                        .and_then(Value::as_str)
+                        .and_then(|r| r.strip_prefix('#'))
+                        .and_then(|pointer| root.pointer(pointer));
+                    match target {
+                        Some(Value::Object(target)) => {
+                            let mut merged = target.clone();
+                            for (key, value) in map {
+                                if key == "$ref" {
+                                    continue;
+                                }
+                                match (key.as_str(), merged.get_mut(key), value) {
+                                    (
+                                        "properties",
+                                        Some(Value::Object(into)),
+                                        Value::Object(from),
+                                    ) => {
+                                        for (name, schema) in from {
+                                            into.insert(name.clone(), schema.clone());
+                                        }
+                                    }
+                                    ("required", Some(Value::Array(into)), Value::Array(from)) => {
+                                        for name in from {
+                                            if !into.contains(name) {
+                                                into.push(name.clone());
+                                            }
+                                        }
+                                    }
+                                    _ => {
+                                        merged.insert(key.clone(), value.clone());
+                                    }
+                                }
+                            }
+                            merged
+                        }
+                        _ => map.clone(),
+                    }
+                } else {
+                    map.clone()
+                };
+                for value in merged.values_mut() {
+                    *value = walk(root, value, depth + 1);
+                }
+                Value::Object(merged)
+            }
+            Value::Array(items) if depth < 64 => {
+                Value::Array(items.iter().map(|v| walk(root, v, depth + 1)).collect())
+            }
+            other => other.clone(),
+        }
+    }
+    walk(root, root, 0)
+}
+
+/// Keywords that document or identify a schema without constraining data
+/// (`$id` is the URI producers put in `dataschema`: not the contract).
 pub(crate) const ANNOTATIONS: &[&str] = &[
     "$comment",
+    "$id",
     "$schema",
     "deprecated",
     "description",
@@ -243,6 +354,51 @@ struct Walker<'a> {
     changes: Vec<Change>,
 }
 
+/// A number as a schema states it: integers exactly (`i64::MAX` stays
+/// 9223372036854775807), everything else as a float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Num {
+    Int(i128),
+    Float(f64),
+}
+
+impl Num {
+    fn from_json(value: &Value) -> Option<Num> {
+        if let Some(i) = value.as_i64() {
+            Some(Num::Int(i128::from(i)))
+        } else if let Some(u) = value.as_u64() {
+            Some(Num::Int(i128::from(u)))
+        } else {
+            value.as_f64().map(Num::Float)
+        }
+    }
+
+    fn as_f64(self) -> f64 {
+        match self {
+            Num::Int(i) => i as f64,
+            Num::Float(f) => f,
+        }
+    }
+}
+
+impl PartialOrd for Num {
+    fn partial_cmp(&self, other: &Num) -> Option<std::cmp::Ordering> {
+        match (self, other) {
+            (Num::Int(a), Num::Int(b)) => a.partial_cmp(b),
+            (a, b) => a.as_f64().partial_cmp(&b.as_f64()),
+        }
+    }
+}
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Num::Int(i) => write!(f, "{i}"),
+            Num::Float(x) => write!(f, "{x}"),
+        }
+    }
+}
+
 /// What a schema node says, with the patterns schemars writes flattened:
 /// `anyOf [X, {"type":"null"}]` is X plus null, `oneOf` of consts is an enum.
 #[derive(Default)]
@@ -257,9 +413,9 @@ struct Shape<'a> {
     additional: Additional<'a>,
     items: Option<&'a Value>,
     format: Option<&'a str>,
-    minimum: Option<f64>,
-    maximum: Option<f64>,
-    default_present: bool,
+    minimum: Option<Num>,
+    maximum: Option<Num>,
+    default: Option<&'a Value>,
     alternatives: Vec<&'a Value>,
     never: bool,
 }
@@ -279,17 +435,31 @@ impl Additional<'_> {
 }
 
 impl<'a> Walker<'a> {
-    fn push(&mut self, path: &str, description: String, backward: bool, forward: bool) {
+    fn push(
+        &mut self,
+        path: &str,
+        rule: &'static str,
+        description: String,
+        backward: bool,
+        forward: bool,
+    ) {
         self.changes.push(Change {
             path: if path.is_empty() {
                 "/".to_owned()
             } else {
                 path.to_owned()
             },
+            rule,
             description,
             backward,
             forward,
         });
+    }
+
+    /// A change after which the new schema accepts less (`tightened`) or
+    /// more than the old one.
+    fn bound(&mut self, path: &str, rule: &'static str, description: String, tightened: bool) {
+        self.push(path, rule, description, !tightened, tightened);
     }
 
     fn resolve(root: &'a Value, mut node: &'a Value) -> (&'a Value, Option<String>) {
@@ -351,9 +521,9 @@ impl<'a> Walker<'a> {
         };
         shape.items = map.get("items");
         shape.format = map.get("format").and_then(Value::as_str);
-        shape.minimum = map.get("minimum").and_then(Value::as_f64);
-        shape.maximum = map.get("maximum").and_then(Value::as_f64);
-        shape.default_present = map.contains_key("default");
+        shape.minimum = map.get("minimum").and_then(Num::from_json);
+        shape.maximum = map.get("maximum").and_then(Num::from_json);
+        shape.default = map.get("default");
         for key in ["anyOf", "oneOf"] {
             if let Some(Value::Array(alternatives)) = map.get(key) {
                 Self::absorb_alternatives(root, alternatives, &mut shape);
@@ -397,7 +567,9 @@ impl<'a> Walker<'a> {
             // `Option<T>` of a derived type: T's shape plus null. An untyped T
             // (any value) already admits null.
             let mut inner = Self::shape(root, non_null[0]);
-            inner.default_present |= shape.default_present;
+            if inner.default.is_none() {
+                inner.default = shape.default;
+            }
             if let Some(values) = &mut inner.values {
                 values.push(Value::Null);
             }
@@ -431,6 +603,11 @@ impl<'a> Walker<'a> {
             let opened = old_shape.never;
             self.push(
                 &path,
+                if opened {
+                    "schema-opened"
+                } else {
+                    "schema-closed"
+                },
                 format!(
                     "{field} {} every value",
                     if opened { "now accepts" } else { "now rejects" }
@@ -446,6 +623,7 @@ impl<'a> Walker<'a> {
         }
         self.compare_values(&old_shape, &new_shape, &path, &field);
         self.compare_format_and_range(&old_shape, &new_shape, &path, &field);
+        self.compare_default(&old_shape, &new_shape, &path, &field);
         if old_shape.is_object || new_shape.is_object {
             self.compare_objects(&old_shape, &new_shape, &path);
         }
@@ -453,12 +631,14 @@ impl<'a> Walker<'a> {
             (Some(a), Some(b)) => self.compare(a, b, format!("{path}/items")),
             (None, Some(_)) => self.push(
                 &format!("{path}/items"),
+                "items-constrained",
                 format!("{field}: array items now constrained"),
                 false,
                 true,
             ),
             (Some(_), None) => self.push(
                 &format!("{path}/items"),
+                "items-unconstrained",
                 format!("{field}: array items no longer constrained"),
                 true,
                 false,
@@ -466,6 +646,9 @@ impl<'a> Walker<'a> {
             (None, None) => {}
         }
         self.compare_alternatives(&old_shape, &new_shape, &path, &field);
+        if let (Value::Object(old_map), Value::Object(new_map)) = (old_resolved, new_resolved) {
+            self.compare_keywords(old_map, new_map, &path, &field);
+        }
     }
 
     /// Returns false when the types are unrelated (no point looking deeper).
@@ -501,6 +684,7 @@ impl<'a> Walker<'a> {
         if only_null_added {
             self.push(
                 path,
+                "became-nullable",
                 format!("{field} became nullable ({from} → {to})"),
                 true,
                 false,
@@ -509,6 +693,7 @@ impl<'a> Walker<'a> {
         } else if only_null_removed {
             self.push(
                 path,
+                "no-longer-nullable",
                 format!("{field} is no longer nullable ({from} → {to})"),
                 false,
                 true,
@@ -517,6 +702,7 @@ impl<'a> Walker<'a> {
         } else if widened {
             self.push(
                 path,
+                "type-widened",
                 format!("{field}: type widened from {from} to {to}"),
                 true,
                 false,
@@ -525,6 +711,7 @@ impl<'a> Walker<'a> {
         } else if narrowed {
             self.push(
                 path,
+                "type-narrowed",
                 format!("{field}: type narrowed from {from} to {to}"),
                 false,
                 true,
@@ -533,6 +720,7 @@ impl<'a> Walker<'a> {
         } else {
             self.push(
                 path,
+                "type-changed",
                 format!("{field}: type changed from {from} to {to}"),
                 false,
                 false,
@@ -543,37 +731,43 @@ impl<'a> Walker<'a> {
 
     fn compare_values(&mut self, old: &Shape<'_>, new: &Shape<'_>, path: &str, field: &str) {
         match (&old.values, &new.values) {
-            (Some(a), Some(b)) => {
-                for value in b.iter().filter(|v| !a.contains(v)) {
-                    self.push(
-                        path,
-                        format!("{field}: enum value {value} added"),
-                        true,
-                        false,
-                    );
-                }
-                for value in a.iter().filter(|v| !b.contains(v)) {
-                    self.push(
-                        path,
-                        format!("{field}: enum value {value} removed"),
-                        false,
-                        true,
-                    );
-                }
-            }
+            (Some(a), Some(b)) => self.compare_value_sets(a, b, path, field),
             (Some(_), None) => self.push(
                 path,
+                "enum-restriction-removed",
                 format!("{field}: no longer restricted to enum values"),
                 true,
                 false,
             ),
             (None, Some(_)) => self.push(
                 path,
+                "enum-restriction-added",
                 format!("{field}: now restricted to enum values"),
                 false,
                 true,
             ),
             (None, None) => {}
+        }
+    }
+
+    fn compare_value_sets(&mut self, old: &[Value], new: &[Value], path: &str, field: &str) {
+        for value in new.iter().filter(|v| !old.contains(v)) {
+            self.push(
+                path,
+                "enum-value-added",
+                format!("{field}: enum value {value} added"),
+                true,
+                false,
+            );
+        }
+        for value in old.iter().filter(|v| !new.contains(v)) {
+            self.push(
+                path,
+                "enum-value-removed",
+                format!("{field}: enum value {value} removed"),
+                false,
+                true,
+            );
         }
     }
 
@@ -584,31 +778,46 @@ impl<'a> Walker<'a> {
         path: &str,
         field: &str,
     ) {
-        let old_range = integer_range(old);
-        let new_range = integer_range(new);
+        let old_range = numeric_range(old);
+        let new_range = numeric_range(new);
         if old_range != new_range && (old_range.is_some() || new_range.is_some()) {
-            let (lo_a, hi_a) = old_range.unwrap_or((f64::NEG_INFINITY, f64::INFINITY));
-            let (lo_b, hi_b) = new_range.unwrap_or((f64::NEG_INFINITY, f64::INFINITY));
-            let widened = lo_b <= lo_a && hi_b >= hi_a;
-            let narrowed = lo_b >= lo_a && hi_b <= hi_a;
+            let (lo_a, hi_a) = old_range.unwrap_or((None, None));
+            let (lo_b, hi_b) = new_range.unwrap_or((None, None));
+            let at_least = |a: Option<Num>, b: Option<Num>| match (a, b) {
+                (_, None) => true,
+                (None, Some(_)) => false,
+                (Some(a), Some(b)) => a >= b,
+            };
+            // New covers old: new low ≤ old low and new high ≥ old high.
+            let widened = at_least(lo_a, lo_b) && at_least(neg(hi_a), neg(hi_b));
+            let narrowed = at_least(lo_b, lo_a) && at_least(neg(hi_b), neg(hi_a));
             // Name the formats; when both have the same one (only `minimum`
             // or `maximum` changed), the bounds say what changed.
             let (from, to) = if old.format == new.format {
                 (bounds_text(lo_a, hi_a), bounds_text(lo_b, hi_b))
             } else {
                 (
-                    old.format.unwrap_or("unbounded").to_owned(),
-                    new.format.unwrap_or("unbounded").to_owned(),
+                    format_or_bounds(old.format, lo_a, hi_a),
+                    format_or_bounds(new.format, lo_b, hi_b),
                 )
             };
-            let description = if widened {
-                format!("{field}: numeric range widened ({from} → {to})")
+            let (rule, description) = if widened {
+                (
+                    "range-widened",
+                    format!("{field}: numeric range widened ({from} → {to})"),
+                )
             } else if narrowed {
-                format!("{field}: numeric range narrowed ({from} → {to})")
+                (
+                    "range-narrowed",
+                    format!("{field}: numeric range narrowed ({from} → {to})"),
+                )
             } else {
-                format!("{field}: numeric range changed ({from} → {to})")
+                (
+                    "range-changed",
+                    format!("{field}: numeric range changed ({from} → {to})"),
+                )
             };
-            self.push(path, description, widened, narrowed);
+            self.push(path, rule, description, widened, narrowed);
             return;
         }
         if integer_format_range(old.format).is_some() || integer_format_range(new.format).is_some()
@@ -616,22 +825,64 @@ impl<'a> Walker<'a> {
             return;
         }
         match (old.format, new.format) {
+            (Some("float"), Some("double")) => self.push(
+                path,
+                "float-widened",
+                format!(
+                    "{field}: f32 → f64 (format float → double): new readers read every old value; old f32 readers read values beyond ±3.4e38 as ±infinity and round the rest to f32 precision"
+                ),
+                true,
+                false,
+            ),
+            (Some("double"), Some("float")) => self.push(
+                path,
+                "float-narrowed",
+                format!(
+                    "{field}: f64 → f32 (format double → float): new f32 readers read old values beyond ±3.4e38 as ±infinity and round the rest; old readers read every new value"
+                ),
+                false,
+                true,
+            ),
             (Some(a), Some(b)) if a != b => self.push(
                 path,
+                "format-changed",
                 format!("{field}: format changed from {a} to {b}"),
                 false,
                 false,
             ),
             (Some(a), None) => self.push(
                 path,
+                "format-removed",
                 format!("{field}: format {a} no longer required"),
                 true,
                 false,
             ),
             (None, Some(b)) => self.push(
                 path,
+                "format-added",
                 format!("{field}: format {b} now required"),
                 false,
+                true,
+            ),
+            _ => {}
+        }
+    }
+
+    /// `default` is an annotation to JSON Schema, but serde fills it in for
+    /// a missing field: a reader with another default reads old data
+    /// differently. Both directions still read; the change is reported.
+    fn compare_default(&mut self, old: &Shape<'_>, new: &Shape<'_>, path: &str, field: &str) {
+        if path.is_empty() {
+            return;
+        }
+        match (old.default, new.default) {
+            (Some(a), Some(b)) if a != b => self.push(
+                path,
+                "default-changed",
+                format!(
+                    "{field}: default changed from {a} to {b} (readers fill in the new value for data without the field)"
+                ),
+                true,
                 true,
             ),
             _ => {}
@@ -651,6 +902,9 @@ impl<'a> Walker<'a> {
             .filter(|k| !old.properties.contains_key(*k))
             .copied()
             .collect();
+        // A field removed and one of the same schema added in the same
+        // version: in practice a rename, whose values silently never reach
+        // the other side.
         let mut renamed: Vec<(&str, &str)> = Vec::new();
         for gone in &removed {
             let old_schema = strip_annotations(old.properties[gone]);
@@ -679,6 +933,7 @@ impl<'a> Walker<'a> {
                     if was_required && !is_required {
                         self.push(
                             &child_path,
+                            "field-became-optional",
                             format!("field `{name}` became optional"),
                             true,
                             false,
@@ -686,6 +941,7 @@ impl<'a> Walker<'a> {
                     } else if !was_required && is_required {
                         self.push(
                             &child_path,
+                            "field-became-required",
                             format!("field `{name}` became required"),
                             false,
                             true,
@@ -695,15 +951,14 @@ impl<'a> Walker<'a> {
                 }
                 (None, Some(schema)) => {
                     if let Some((from, _)) = renamed.iter().find(|(_, to)| *to == name) {
-                        let backward =
-                            !new.required.contains(name) && new.additional.allows_unknown();
-                        let forward =
-                            !old.required.contains(from) && old.additional.allows_unknown();
                         self.push(
                             &child_path,
-                            format!("field `{from}` renamed to `{name}`"),
-                            backward,
-                            forward,
+                            "likely-rename",
+                            format!(
+                                "likely rename of field `{from}` to `{name}` (one field removed and one of the same schema added): new readers never see values written as `{from}`, old readers never see `{name}`; map it in an upcaster"
+                            ),
+                            false,
+                            false,
                         );
                         continue;
                     }
@@ -713,6 +968,7 @@ impl<'a> Walker<'a> {
                     if required {
                         self.push(
                             &child_path,
+                            "field-added-required",
                             format!("required field `{name}` added"),
                             false,
                             forward,
@@ -720,6 +976,7 @@ impl<'a> Walker<'a> {
                     } else if has_default {
                         self.push(
                             &child_path,
+                            "field-added-with-default",
                             format!("field `{name}` added with a default"),
                             true,
                             forward,
@@ -727,6 +984,7 @@ impl<'a> Walker<'a> {
                     } else {
                         self.push(
                             &child_path,
+                            "field-added-optional",
                             format!("optional field `{name}` added"),
                             true,
                             forward,
@@ -739,13 +997,14 @@ impl<'a> Walker<'a> {
                     }
                     let backward = new.additional.allows_unknown();
                     let forward = !old.required.contains(name);
-                    let kind = if old.required.contains(name) {
-                        "required"
+                    let (rule, kind) = if old.required.contains(name) {
+                        ("field-removed-required", "required")
                     } else {
-                        "optional"
+                        ("field-removed-optional", "optional")
                     };
                     self.push(
                         &child_path,
+                        rule,
                         format!("{kind} field `{name}` removed"),
                         backward,
                         forward,
@@ -760,12 +1019,14 @@ impl<'a> Walker<'a> {
         match (old.additional, new.additional) {
             (Additional::Allowed, Additional::Denied) => self.push(
                 &location,
+                "object-closed",
                 format!("{what} no longer accepts unknown fields (additionalProperties: false)"),
                 false,
                 true,
             ),
             (Additional::Denied, Additional::Allowed) => self.push(
                 &location,
+                "object-opened",
                 format!("{what} now accepts unknown fields"),
                 true,
                 false,
@@ -773,24 +1034,28 @@ impl<'a> Walker<'a> {
             (Additional::Schema(a), Additional::Schema(b)) => self.compare(a, b, location),
             (Additional::Schema(_), Additional::Allowed) => self.push(
                 &location,
+                "unknown-fields-unconstrained",
                 format!("{what}: unknown fields no longer constrained"),
                 true,
                 false,
             ),
             (Additional::Allowed, Additional::Schema(_)) => self.push(
                 &location,
+                "unknown-fields-constrained",
                 format!("{what}: unknown fields now constrained"),
                 false,
                 true,
             ),
             (Additional::Schema(_), Additional::Denied) => self.push(
                 &location,
+                "object-closed",
                 format!("{what} no longer accepts unknown fields"),
                 false,
                 true,
             ),
             (Additional::Denied, Additional::Schema(_)) => self.push(
                 &location,
+                "object-opened",
                 format!("{what} now accepts some unknown fields"),
                 true,
                 false,
@@ -806,9 +1071,32 @@ impl<'a> Walker<'a> {
         }
         let old_root = self.old_root;
         let new_root = self.new_root;
+        // The unit variants of an enum that also has data variants: schemars
+        // writes them as one `enum` alternative (or one `const` each). Their
+        // values are one set on each side.
+        let old_values = value_alternatives(old_root, &old.alternatives);
+        let new_values = value_alternatives(new_root, &new.alternatives);
+        if !old_values.is_empty() || !new_values.is_empty() {
+            let old_set: Vec<Value> = old_values.iter().flat_map(|(_, v)| v.clone()).collect();
+            let new_set: Vec<Value> = new_values.iter().flat_map(|(_, v)| v.clone()).collect();
+            self.compare_value_sets(&old_set, &new_set, path, field);
+        }
+        let old_rest: Vec<&'a Value> = old
+            .alternatives
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !old_values.iter().any(|(j, _)| j == i))
+            .map(|(_, v)| *v)
+            .collect();
+        let mut unmatched_new: Vec<&'a Value> = new
+            .alternatives
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !new_values.iter().any(|(j, _)| j == i))
+            .map(|(_, v)| *v)
+            .collect();
         let key = |root: &'a Value, v: &'a Value| discriminator(Self::resolve(root, v).0);
-        let mut unmatched_new: Vec<&'a Value> = new.alternatives.clone();
-        for (index, alternative) in old.alternatives.iter().enumerate() {
+        for (index, alternative) in old_rest.iter().enumerate() {
             let stripped = strip_annotations(Self::resolve(old_root, alternative).0);
             if let Some(position) = unmatched_new
                 .iter()
@@ -830,6 +1118,7 @@ impl<'a> Walker<'a> {
             let label = tag.unwrap_or_else(|| index.to_string());
             self.push(
                 path,
+                "variant-removed",
                 format!("{field}: variant {label} removed"),
                 false,
                 true,
@@ -837,9 +1126,287 @@ impl<'a> Walker<'a> {
         }
         for alternative in unmatched_new {
             let label = key(new_root, alternative).unwrap_or_else(|| "(unnamed)".to_owned());
-            self.push(path, format!("{field}: variant {label} added"), true, false);
+            self.push(
+                path,
+                "variant-added",
+                format!("{field}: variant {label} added"),
+                true,
+                false,
+            );
         }
     }
+
+    /// Every other keyword of draft 2020-12: bounds of length, size and
+    /// count, `multipleOf`, `pattern`, `uniqueItems`, `prefixItems`,
+    /// `contains`; a keyword this checker does not classify is a change a
+    /// human must judge (treated as breaking), named with its path.
+    fn compare_keywords(
+        &mut self,
+        old: &'a Map<String, Value>,
+        new: &'a Map<String, Value>,
+        path: &str,
+        field: &str,
+    ) {
+        let keys: BTreeSet<&'a str> = old
+            .keys()
+            .chain(new.keys())
+            .map(String::as_str)
+            .filter(|k| {
+                !ANNOTATIONS.contains(k) && !NON_VALIDATING.contains(k) && !STRUCTURAL.contains(k)
+            })
+            .collect();
+        for key in keys {
+            let (a, b) = (old.get(key), new.get(key));
+            if a == b {
+                continue;
+            }
+            let at = format!("{path}/{key}");
+            match key {
+                "minLength" | "minItems" | "minProperties" | "minContains" | "exclusiveMinimum" => {
+                    self.lower_bound(&at, key, field, a, b)
+                }
+                "maxLength" | "maxItems" | "maxProperties" | "maxContains" | "exclusiveMaximum" => {
+                    self.upper_bound(&at, key, field, a, b)
+                }
+                "multipleOf" => self.multiple_of(&at, field, a, b),
+                "pattern" => match (a, b) {
+                    (None, Some(b)) => self.bound(
+                        &at,
+                        "pattern-added",
+                        format!("{field}: pattern {b} now required"),
+                        true,
+                    ),
+                    (Some(a), None) => self.bound(
+                        &at,
+                        "pattern-removed",
+                        format!("{field}: pattern {a} no longer required"),
+                        false,
+                    ),
+                    (Some(a), Some(b)) => self.push(
+                        &at,
+                        "pattern-changed",
+                        format!(
+                            "{field}: pattern changed from {a} to {b} (whether either accepts all the other does cannot be decided here: treated as breaking)"
+                        ),
+                        false,
+                        false,
+                    ),
+                    (None, None) => {}
+                },
+                "uniqueItems" => {
+                    let was = a.and_then(Value::as_bool).unwrap_or(false);
+                    let is = b.and_then(Value::as_bool).unwrap_or(false);
+                    if was != is {
+                        self.bound(
+                            &at,
+                            if is {
+                                "unique-items-required"
+                            } else {
+                                "unique-items-dropped"
+                            },
+                            format!(
+                                "{field}: array items {} unique",
+                                if is { "now must be" } else { "no longer must be" }
+                            ),
+                            is,
+                        );
+                    }
+                }
+                "prefixItems" => self.prefix_items(&at, field, a, b),
+                "contains" => match (a, b) {
+                    (None, Some(_)) => self.bound(
+                        &at,
+                        "contains-added",
+                        format!("{field}: the array must now contain a matching item"),
+                        true,
+                    ),
+                    (Some(_), None) => self.bound(
+                        &at,
+                        "contains-removed",
+                        format!("{field}: the array no longer must contain a matching item"),
+                        false,
+                    ),
+                    _ => self.unknown(&at, key, field),
+                },
+                _ => self.unknown(&at, key, field),
+            }
+        }
+    }
+
+    fn unknown(&mut self, at: &str, key: &str, field: &str) {
+        self.push(
+            at,
+            "keyword-unknown",
+            format!(
+                "{field}: keyword `{key}` changed; this checker does not classify it, so a human must decide (treated as breaking)"
+            ),
+            false,
+            false,
+        );
+    }
+
+    fn lower_bound(
+        &mut self,
+        at: &str,
+        key: &str,
+        field: &str,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) {
+        let (a, b) = (old.and_then(Num::from_json), new.and_then(Num::from_json));
+        let tightened = match (a, b) {
+            (None, Some(_)) => true,
+            (Some(_), None) => false,
+            (Some(a), Some(b)) => b > a,
+            (None, None) => return,
+        };
+        let description = match (a, b) {
+            (None, Some(b)) => format!("{field}: `{key}` {b} added"),
+            (Some(a), None) => format!("{field}: `{key}` {a} removed"),
+            (Some(a), Some(b)) => format!(
+                "{field}: `{key}` {} ({a} → {b})",
+                if tightened { "raised" } else { "lowered" }
+            ),
+            (None, None) => return,
+        };
+        self.bound(
+            at,
+            if tightened {
+                "lower-bound-tightened"
+            } else {
+                "lower-bound-relaxed"
+            },
+            description,
+            tightened,
+        );
+    }
+
+    fn upper_bound(
+        &mut self,
+        at: &str,
+        key: &str,
+        field: &str,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) {
+        let (a, b) = (old.and_then(Num::from_json), new.and_then(Num::from_json));
+        let tightened = match (a, b) {
+            (None, Some(_)) => true,
+            (Some(_), None) => false,
+            (Some(a), Some(b)) => b < a,
+            (None, None) => return,
+        };
+        let description = match (a, b) {
+            (None, Some(b)) => format!("{field}: `{key}` {b} added"),
+            (Some(a), None) => format!("{field}: `{key}` {a} removed"),
+            (Some(a), Some(b)) => format!(
+                "{field}: `{key}` {} ({a} → {b})",
+                if tightened { "lowered" } else { "raised" }
+            ),
+            (None, None) => return,
+        };
+        self.bound(
+            at,
+            if tightened {
+                "upper-bound-tightened"
+            } else {
+                "upper-bound-relaxed"
+            },
+            description,
+            tightened,
+        );
+    }
+
+    fn multiple_of(&mut self, at: &str, field: &str, old: Option<&Value>, new: Option<&Value>) {
+        let (a, b) = (
+            old.and_then(Value::as_f64).filter(|x| *x > 0.0),
+            new.and_then(Value::as_f64).filter(|x| *x > 0.0),
+        );
+        let divides = |big: f64, small: f64| (big / small - (big / small).round()).abs() < 1e-9;
+        match (a, b) {
+            (None, Some(b)) => self.bound(
+                at,
+                "multiple-of-added",
+                format!("{field}: must now be a multiple of {b}"),
+                true,
+            ),
+            (Some(a), None) => self.bound(
+                at,
+                "multiple-of-removed",
+                format!("{field}: no longer must be a multiple of {a}"),
+                false,
+            ),
+            (Some(a), Some(b)) if divides(b, a) => self.bound(
+                at,
+                "multiple-of-tightened",
+                format!("{field}: multipleOf {a} → {b}"),
+                true,
+            ),
+            (Some(a), Some(b)) if divides(a, b) => self.bound(
+                at,
+                "multiple-of-relaxed",
+                format!("{field}: multipleOf {a} → {b}"),
+                false,
+            ),
+            (Some(a), Some(b)) => self.push(
+                at,
+                "multiple-of-changed",
+                format!("{field}: multipleOf {a} → {b}"),
+                false,
+                false,
+            ),
+            (None, None) => {}
+        }
+    }
+
+    /// Tuples and fixed-size arrays: each position compared; a position
+    /// added or removed changes what a tuple is.
+    fn prefix_items(
+        &mut self,
+        at: &str,
+        field: &str,
+        old: Option<&'a Value>,
+        new: Option<&'a Value>,
+    ) {
+        let empty: &[Value] = &[];
+        let a = old.and_then(Value::as_array).map_or(empty, Vec::as_slice);
+        let b = new.and_then(Value::as_array).map_or(empty, Vec::as_slice);
+        for index in 0..a.len().min(b.len()) {
+            self.compare(&a[index], &b[index], format!("{at}/{index}"));
+        }
+        if a.len() != b.len() {
+            self.push(
+                at,
+                "tuple-length-changed",
+                format!(
+                    "{field}: tuple of {} positions became one of {}",
+                    a.len(),
+                    b.len()
+                ),
+                false,
+                false,
+            );
+        }
+    }
+}
+
+/// The alternatives that are plain value sets (`enum` or `const`, no
+/// properties): index and values.
+fn value_alternatives(root: &Value, alternatives: &[&Value]) -> Vec<(usize, Vec<Value>)> {
+    alternatives
+        .iter()
+        .enumerate()
+        .filter_map(|(index, alternative)| {
+            let (node, _) = Walker::resolve(root, alternative);
+            if node.get("properties").is_some() {
+                return None;
+            }
+            if let Some(Value::Array(values)) = node.get("enum") {
+                return Some((index, values.clone()));
+            }
+            node.get("const").map(|value| (index, vec![value.clone()]))
+        })
+        .collect()
 }
 
 fn contains_ref(value: &Value) -> bool {
@@ -881,44 +1448,70 @@ fn type_list(types: &BTreeSet<String>) -> String {
     types.iter().cloned().collect::<Vec<_>>().join("|")
 }
 
-fn integer_format_range(format: Option<&str>) -> Option<(f64, f64)> {
+/// The range of an integer format, exactly.
+fn integer_format_range(format: Option<&str>) -> Option<(i128, i128)> {
     Some(match format? {
-        "int8" => (i8::MIN as f64, i8::MAX as f64),
-        "int16" => (i16::MIN as f64, i16::MAX as f64),
-        "int32" => (i32::MIN as f64, i32::MAX as f64),
-        "int64" => (i64::MIN as f64, i64::MAX as f64),
-        "uint8" => (0.0, u8::MAX as f64),
-        "uint16" => (0.0, u16::MAX as f64),
-        "uint32" => (0.0, u32::MAX as f64),
-        "uint64" => (0.0, u64::MAX as f64),
-        "uint" => (0.0, u64::MAX as f64),
-        "int" => (i64::MIN as f64, i64::MAX as f64),
+        "int8" => (i8::MIN.into(), i8::MAX.into()),
+        "int16" => (i16::MIN.into(), i16::MAX.into()),
+        "int32" => (i32::MIN.into(), i32::MAX.into()),
+        "int64" | "int" => (i64::MIN.into(), i64::MAX.into()),
+        "uint8" => (0, u8::MAX.into()),
+        "uint16" => (0, u16::MAX.into()),
+        "uint32" => (0, u32::MAX.into()),
+        "uint64" | "uint" => (0, u64::MAX.into()),
         _ => return None,
     })
 }
 
+/// Negates a bound so that "at least" compares upper bounds too.
+fn neg(n: Option<Num>) -> Option<Num> {
+    n.map(|n| match n {
+        Num::Int(i) => Num::Int(-i),
+        Num::Float(f) => Num::Float(-f),
+    })
+}
+
 /// A numeric range in words: `0..=255`, `>= 1`, `<= 10`, `unbounded`.
-fn bounds_text(low: f64, high: f64) -> String {
-    match (low.is_finite(), high.is_finite()) {
-        (true, true) => format!("{low}..={high}"),
-        (true, false) => format!(">= {low}"),
-        (false, true) => format!("<= {high}"),
-        (false, false) => "unbounded".to_owned(),
+fn bounds_text(low: Option<Num>, high: Option<Num>) -> String {
+    match (low, high) {
+        (Some(low), Some(high)) => format!("{low}..={high}"),
+        (Some(low), None) => format!(">= {low}"),
+        (None, Some(high)) => format!("<= {high}"),
+        (None, None) => "unbounded".to_owned(),
+    }
+}
+
+/// The format's name with its exact range (`int64 (-9223372036854775808..=9223372036854775807)`),
+/// or the bounds alone.
+fn format_or_bounds(format: Option<&str>, low: Option<Num>, high: Option<Num>) -> String {
+    match format {
+        Some(format) if low.is_none() && high.is_none() => format.to_owned(),
+        Some(format) => format!("{format} ({})", bounds_text(low, high)),
+        None => bounds_text(low, high),
     }
 }
 
 /// The numeric range a shape admits, from its integer format and bounds.
-fn integer_range(shape: &Shape<'_>) -> Option<(f64, f64)> {
+fn numeric_range(shape: &Shape<'_>) -> Option<(Option<Num>, Option<Num>)> {
     let from_format = integer_format_range(shape.format);
     if from_format.is_none() && shape.minimum.is_none() && shape.maximum.is_none() {
         return None;
     }
-    let (mut low, mut high) = from_format.unwrap_or((f64::NEG_INFINITY, f64::INFINITY));
+    let (mut low, mut high) = match from_format {
+        Some((low, high)) => (Some(Num::Int(low)), Some(Num::Int(high))),
+        None => (None, None),
+    };
     if let Some(minimum) = shape.minimum {
-        low = low.max(minimum);
+        low = Some(match low {
+            Some(low) if low > minimum => low,
+            _ => minimum,
+        });
     }
     if let Some(maximum) = shape.maximum {
-        high = high.min(maximum);
+        high = Some(match high {
+            Some(high) if high < maximum => high,
+            _ => maximum,
+        });
     }
     Some((low, high))
 }

@@ -151,6 +151,25 @@ pub(crate) fn diff(old: &LoadedFolder, new: &LoadedFolder) -> Report {
                     classification.describe()
                 ),
             );
+            for finding in crate::check::mode_findings(event_type, after, *version) {
+                report.push(finding);
+            }
+        }
+        if let Some(before) = before
+            && before.effective_mode() != after.effective_mode()
+        {
+            push(
+                &mut report,
+                Severity::Warning,
+                FindingKind::CompatibilityMode,
+                event_type,
+                None,
+                format!(
+                    "compatibility mode changed from {} to {}",
+                    before.effective_mode(),
+                    after.effective_mode()
+                ),
+            );
         }
     }
     report.sorted()

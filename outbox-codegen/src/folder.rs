@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use outbox_core::CompatibilityMode;
+
 use crate::model::{
-    ASYNCAPI_FILE, EventTypeModel, FORMAT, MANIFEST_FILE, Manifest, RegistryModel, VersionModel,
-    schema_path,
+    ASYNCAPI_FILE, EventTypeModel, FORMAT, MANIFEST_FILE, Manifest, RegistryModel,
+    RegistrySettings, VersionModel, schema_path,
 };
 use crate::schema_lint;
 
@@ -79,6 +81,9 @@ pub struct LoadedFolder {
     pub manifest: Manifest,
     /// Relative path → file text, for every `.json` file under the folder.
     pub files: BTreeMap<String, String>,
+    /// The `$id` each schema file holds, by (event type, version); the
+    /// model's schemas are kept without it.
+    pub ids: BTreeMap<(String, u32), Option<String>>,
 }
 
 /// Reads a registry folder.
@@ -105,21 +110,24 @@ pub(crate) fn load(dir: &Path) -> Result<LoadedFolder, LoadError> {
             }
         }
     })?;
-    let model = model_from_manifest(dir, &manifest_path, &manifest, &files)?;
+    let (model, ids) = model_from_manifest(dir, &manifest_path, &manifest, &files)?;
     Ok(LoadedFolder {
         dir: dir.to_path_buf(),
         model,
         manifest,
         files,
+        ids,
     })
 }
+
+type SchemaIds = BTreeMap<(String, u32), Option<String>>;
 
 fn model_from_manifest(
     dir: &Path,
     manifest_path: &Path,
     manifest: &Manifest,
     files: &BTreeMap<String, String>,
-) -> Result<RegistryModel, LoadError> {
+) -> Result<(RegistryModel, SchemaIds), LoadError> {
     let bad = |reason: String| LoadError::Manifest {
         path: manifest_path.to_path_buf(),
         reason,
@@ -130,10 +138,30 @@ fn model_from_manifest(
             manifest.format
         )));
     }
-    let mut model = RegistryModel::default();
+    check_settings(&manifest.settings).map_err(bad)?;
+    let mut model = RegistryModel {
+        settings: manifest.settings.clone(),
+        ..RegistryModel::default()
+    };
+    let mut ids = SchemaIds::new();
     for entry in &manifest.event_types {
+        let mode = match &entry.compatibility_mode {
+            None => None,
+            Some(name) => Some(CompatibilityMode::from_name(name).ok_or_else(|| {
+                bad(format!(
+                    "{} has compatibility_mode {name:?}; expected one of {}",
+                    entry.event_type,
+                    CompatibilityMode::ALL
+                        .iter()
+                        .map(|m| format!("{:?}", m.name()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?),
+        };
         let mut event_type = EventTypeModel {
             aggregate_type: entry.aggregate_type.clone(),
+            mode,
             ..EventTypeModel::default()
         };
         for version in &entry.versions {
@@ -170,10 +198,20 @@ fn model_from_manifest(
                     "listed in registry.json but missing",
                 ),
             })?;
-            let schema: Value = serde_json::from_str(text).map_err(|source| LoadError::Json {
-                path: path.clone(),
-                source,
-            })?;
+            let mut schema: Value =
+                serde_json::from_str(text).map_err(|source| LoadError::Json {
+                    path: path.clone(),
+                    source,
+                })?;
+            let id = schema
+                .as_object_mut()
+                .and_then(|map| map.remove("$id"))
+                .map(|id| {
+                    id.as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| id.to_string())
+                });
+            ids.insert((entry.event_type.clone(), version.version), id);
             schema_lint::check(&schema).map_err(|problem| LoadError::InvalidSchema {
                 path: path.clone(),
                 pointer: problem.pointer,
@@ -231,7 +269,32 @@ fn model_from_manifest(
             )));
         }
     }
-    Ok(model)
+    Ok((model, ids))
+}
+
+/// The settings a person wrote: a base URL that ends in `/`, a subject
+/// template with known placeholders and a literal prefix, servers with a
+/// host and a protocol.
+fn check_settings(settings: &RegistrySettings) -> Result<(), String> {
+    if let Some(base) = &settings.schema_base
+        && (!base.ends_with('/') || base.contains(char::is_whitespace) || !base.contains(':'))
+    {
+        return Err(format!(
+            "settings.schema_base {base:?} must be an absolute URI ending in `/` (where the folder is served)"
+        ));
+    }
+    if let Some(template) = &settings.subject_template {
+        crate::asyncapi::parse_template(template)
+            .map_err(|reason| format!("settings.subject_template {template:?}: {reason}"))?;
+    }
+    for (name, server) in &settings.servers {
+        if server.host.trim().is_empty() || server.protocol.trim().is_empty() {
+            return Err(format!(
+                "settings.servers.{name} needs a host and a protocol"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Relative path → text of every `.json` file under `dir`.

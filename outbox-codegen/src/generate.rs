@@ -48,15 +48,25 @@ pub(crate) fn model_from_code(
     registry: &ContractRegistry,
     committed: Option<&RegistryModel>,
 ) -> RegistryModel {
-    let mut model = RegistryModel::default();
+    let mut model = RegistryModel {
+        settings: committed.map(|c| c.settings.clone()).unwrap_or_default(),
+        ..RegistryModel::default()
+    };
     for event_type in registry.event_types() {
         let contracts: Vec<&EventContract> = registry.versions(event_type).collect();
         let links = upcast_links(contracts.iter().copied());
+        // A mode in code (the newest version that declares one) wins over
+        // the one written in registry.json.
+        let declared = contracts.iter().rev().find_map(|c| c.compatibility);
+        let committed_mode = committed
+            .and_then(|c| c.event_types.get(event_type))
+            .and_then(|t| t.mode);
         let mut entry = EventTypeModel {
             aggregate_type: contracts
                 .last()
                 .map(|c| c.aggregate_type.to_owned())
                 .unwrap_or_default(),
+            mode: declared.or(committed_mode),
             ..EventTypeModel::default()
         };
         for contract in &contracts {

@@ -75,8 +75,8 @@ pub use compat::{
 };
 pub use folder::{LoadError, LoadedFolder, WriteSummary};
 pub use model::{
-    EventTypeEntry, EventTypeModel, Manifest, RegistryModel, Retirement, UpcastEntry, UpcastKind,
-    VersionEntry, VersionModel,
+    DEFAULT_MODE, EventTypeEntry, EventTypeModel, Manifest, RegistryModel, RegistrySettings,
+    Retirement, Server, UpcastEntry, UpcastKind, VersionEntry, VersionModel,
 };
 pub use report::{Finding, FindingKind, Report, Severity};
 
@@ -192,6 +192,7 @@ pub fn write_with(
             | FindingKind::ManifestStale
             | FindingKind::AsyncApiStale
             | FindingKind::HashMismatch
+            | FindingKind::SchemaIdMismatch
             | FindingKind::UnlistedFile => false,
             _ => true,
         })

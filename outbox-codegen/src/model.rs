@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use outbox_core::CompatibilityMode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -60,6 +61,75 @@ pub struct EventTypeModel {
     pub versions: BTreeMap<u32, VersionModel>,
     /// Versions removed on purpose, with the recorded reason.
     pub retired: BTreeMap<u32, String>,
+    /// The compatibility mode declared for it (in code with
+    /// `#[outbox(compatibility = "…")]`, or in `registry.json`); `None` means
+    /// the default, [`DEFAULT_MODE`].
+    pub mode: Option<CompatibilityMode>,
+}
+
+/// The compatibility mode of an event type that declares none: new readers
+/// read old data, through the upcaster the check demands for every version
+/// (consumers upgrade first; a producer-first change also needs forward).
+pub const DEFAULT_MODE: CompatibilityMode = CompatibilityMode::Backward;
+
+impl EventTypeModel {
+    /// The mode the checks enforce.
+    pub fn effective_mode(&self) -> CompatibilityMode {
+        self.mode.unwrap_or(DEFAULT_MODE)
+    }
+}
+
+/// The registry's settings, written by hand into `registry.json` and kept
+/// on every write: what the documents say about the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrySettings {
+    /// Where the folder is served (`https://schemas.example.com/orders/`,
+    /// ending in `/`): each schema's `$id` and each event's `dataschema` are
+    /// `<schema_base><event_type>/v<N>.json`. Without it both are
+    /// `urn:outbox:schema:<event_type>:v<N>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_base: Option<String>,
+    /// The NATS subject template the relay publishes with (the transport's
+    /// `subject_template`), for the AsyncAPI channels. Default
+    /// `events.{aggregate_type}.{event_type}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_template: Option<String>,
+    /// AsyncAPI servers by name (`{"production": {"host": "nats.example.com:4222", "protocol": "nats"}}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub servers: BTreeMap<String, Server>,
+    /// Whether the transport sends `Nats-Msg-Id` (its `message_id_header`,
+    /// default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id_header: Option<bool>,
+}
+
+/// An AsyncAPI server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Server {
+    /// `host[:port]`.
+    pub host: String,
+    /// `nats`, `kafka`, `amqp`.
+    pub protocol: String,
+    /// What it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl RegistrySettings {
+    /// The `$id` of a version's schema file, equal to the `dataschema` the
+    /// producer's envelope carries when its transport has the same base.
+    pub fn schema_id(&self, event_type: &str, version: u32) -> String {
+        outbox_core::dataschema_uri_with_base(self.schema_base.as_deref(), event_type, version)
+    }
+
+    /// The subject template, or the transport's default.
+    pub fn subject_template(&self) -> &str {
+        self.subject_template
+            .as_deref()
+            .unwrap_or("events.{aggregate_type}.{event_type}")
+    }
 }
 
 impl EventTypeModel {
@@ -76,6 +146,8 @@ impl EventTypeModel {
 pub struct RegistryModel {
     /// Event types by name.
     pub event_types: BTreeMap<String, EventTypeModel>,
+    /// What `registry.json` says about the wire.
+    pub settings: RegistrySettings,
 }
 
 /// `registry.json`.
@@ -84,8 +156,16 @@ pub struct RegistryModel {
 pub struct Manifest {
     /// Always `outbox-schema-registry/1`.
     pub format: String,
+    /// Settings kept on every write (schema base URL, subject template,
+    /// servers).
+    #[serde(default, skip_serializing_if = "is_default_settings")]
+    pub settings: RegistrySettings,
     /// One entry per event type, sorted.
     pub event_types: Vec<EventTypeEntry>,
+}
+
+fn is_default_settings(settings: &RegistrySettings) -> bool {
+    *settings == RegistrySettings::default()
 }
 
 /// One event type in `registry.json`.
@@ -103,6 +183,11 @@ pub struct EventTypeEntry {
     /// Versions removed on purpose.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired: Vec<Retirement>,
+    /// The compatibility mode the checks enforce between its versions
+    /// (`none`, `backward`, `forward`, `full`, each also `_transitive`);
+    /// absent: `backward`. A mode declared in code wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compatibility_mode: Option<String>,
 }
 
 /// One version in `registry.json`.
@@ -176,6 +261,7 @@ impl RegistryModel {
                     event_type: event_type.clone(),
                     aggregate_type: model.aggregate_type.clone(),
                     current_version: model.current_version(),
+                    compatibility_mode: model.mode.map(|m| m.name().to_owned()),
                     versions,
                     retired: model
                         .retired
@@ -190,8 +276,22 @@ impl RegistryModel {
             .collect();
         Manifest {
             format: FORMAT.to_owned(),
+            settings: self.settings.clone(),
             event_types,
         }
+    }
+
+    /// A version's schema as its file holds it: with `$id`, the URI the
+    /// envelope's `dataschema` carries.
+    pub fn schema_file(&self, event_type: &str, version: u32, schema: &Value) -> Value {
+        let mut file = schema.clone();
+        if let Value::Object(map) = &mut file {
+            map.insert(
+                "$id".to_owned(),
+                Value::String(self.settings.schema_id(event_type, version)),
+            );
+        }
+        file
     }
 
     /// Every file of the folder with its canonical content, by relative path.
@@ -201,7 +301,7 @@ impl RegistryModel {
             for (version, entry) in &model.versions {
                 files.insert(
                     schema_path(event_type, *version),
-                    to_canonical_string(&entry.schema),
+                    to_canonical_string(&self.schema_file(event_type, *version, &entry.schema)),
                 );
             }
         }

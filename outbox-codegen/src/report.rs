@@ -61,6 +61,10 @@ pub enum FindingKind {
     EventTypeAdded,
     /// A version was retired (diff).
     VersionRetired,
+    /// A change between versions breaks the event type's compatibility mode.
+    CompatibilityMode,
+    /// A schema file's `$id` is not the URI producers put in `dataschema`.
+    SchemaIdMismatch,
 }
 
 impl fmt::Display for FindingKind {

@@ -59,15 +59,15 @@ const CASES: &[(&str, Kind, &str, &str)] = &[
         "manifest_not_an_object",
         Kind::Manifest,
         "registry.json",
-        " is not a valid registry manifest: invalid length 0, expected struct Manifest with 2 \
+        " is not a valid registry manifest: invalid length 0, expected struct Manifest with 3 \
          elements at line 1 column 2",
     ),
     (
         "manifest_unknown_field",
         Kind::Manifest,
         "registry.json",
-        " is not a valid registry manifest: unknown field `owner`, expected `format` or \
-         `event_types` at line 19 column 9",
+        " is not a valid registry manifest: unknown field `owner`, expected one of `format`, \
+         `settings`, `event_types` at line 19 column 9",
     ),
     (
         "manifest_misspelled_key",

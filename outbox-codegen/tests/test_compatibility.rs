@@ -100,19 +100,19 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
         Breaking,
         &[(
             "/properties/mass",
-            "field `weight` renamed to `mass`",
+            "likely rename of field `weight` to `mass` (one field removed and one of the same schema added): new readers never see values written as `weight`, old readers never see `mass`; map it in an upcaster",
             false,
             false,
         )],
     ),
     (
         "field_renamed_optional",
-        Full,
+        Breaking,
         &[(
             "/properties/mass",
-            "field `weight` renamed to `mass`",
-            true,
-            true,
+            "likely rename of field `weight` to `mass` (one field removed and one of the same schema added): new readers never see values written as `weight`, old readers never see `mass`; map it in an upcaster",
+            false,
+            false,
         )],
     ),
     // Required-ness.
@@ -159,7 +159,7 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
             ),
             (
                 "/properties/amount",
-                "field `amount`: numeric range widened (int64 → double)",
+                "field `amount`: numeric range widened (int64 (-9223372036854775808..=9223372036854775807) → double)",
                 true,
                 false,
             ),
@@ -177,7 +177,7 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
             ),
             (
                 "/properties/amount",
-                "field `amount`: numeric range narrowed (double → int64)",
+                "field `amount`: numeric range narrowed (double → int64 (-9223372036854775808..=9223372036854775807))",
                 false,
                 true,
             ),
@@ -209,7 +209,7 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
         Backward,
         &[(
             "/properties/count",
-            "field `count`: numeric range widened (int32 → int64)",
+            "field `count`: numeric range widened (int32 (-2147483648..=2147483647) → int64 (-9223372036854775808..=9223372036854775807))",
             true,
             false,
         )],
@@ -219,7 +219,7 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
         Forward,
         &[(
             "/properties/count",
-            "field `count`: numeric range narrowed (int64 → int32)",
+            "field `count`: numeric range narrowed (int64 (-9223372036854775808..=9223372036854775807) → int32 (-2147483648..=2147483647))",
             false,
             true,
         )],
@@ -229,7 +229,7 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
         Breaking,
         &[(
             "/properties/count",
-            "field `count`: numeric range changed (uint32 → int32)",
+            "field `count`: numeric range changed (uint32 (0..=4294967295) → int32 (-2147483648..=2147483647))",
             false,
             false,
         )],
@@ -469,7 +469,7 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
         Backward,
         &[(
             "/properties/counts/additionalProperties",
-            "`/properties/counts/additionalProperties`: numeric range widened (int32 → int64)",
+            "`/properties/counts/additionalProperties`: numeric range widened (int32 (-2147483648..=2147483647) → int64 (-9223372036854775808..=9223372036854775807))",
             true,
             false,
         )],
@@ -522,7 +522,7 @@ const RULES: &[(&str, Compatibility, &[Expected])] = &[
         Backward,
         &[(
             "/properties/counts/items",
-            "`/properties/counts/items`: numeric range widened (int32 → int64)",
+            "`/properties/counts/items`: numeric range widened (int32 (-2147483648..=2147483647) → int64 (-9223372036854775808..=9223372036854775807))",
             true,
             false,
         )],
@@ -615,6 +615,7 @@ fn a_schema_compared_with_itself_is_full_with_no_change() {
 fn the_class_of_a_diff_is_the_weakest_of_its_changes() {
     let change = |backward, forward| Change {
         path: "/".into(),
+        rule: "test",
         description: String::new(),
         backward,
         forward,
@@ -641,11 +642,11 @@ fn describe_lists_each_change_with_its_class() {
     assert_eq!(
         classify_rule("type_widened").describe(),
         "field `amount`: type widened from integer to number [backward]; \
-         field `amount`: numeric range widened (int64 → double) [backward]"
+         field `amount`: numeric range widened (int64 (-9223372036854775808..=9223372036854775807) → double) [backward]"
     );
     assert_eq!(
         classify_rule("field_renamed").describe(),
-        "field `weight` renamed to `mass` [breaking]"
+        "likely rename of field `weight` to `mass` (one field removed and one of the same schema added): new readers never see values written as `weight`, old readers never see `mass`; map it in an upcaster [breaking]"
     );
 }
 
@@ -758,6 +759,7 @@ fn unrelated_schemas_do_not_panic_and_are_breaking() {
         classify(&json!(true), &json!(false)).changes,
         vec![Change {
             path: "/".into(),
+            rule: "schema-closed",
             description: "the payload now rejects every value".into(),
             backward: false,
             forward: true,

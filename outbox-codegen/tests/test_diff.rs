@@ -279,15 +279,15 @@ fn findings_are_sorted_errors_first() {
 }
 
 #[test]
-fn a_change_the_classifier_does_not_know_is_still_a_frozen_change() {
-    // `maxLength` is not classified; the changed published version is still
-    // an error, at the first differing JSON pointer.
+fn a_keyword_the_classifier_does_not_know_is_a_change_for_a_human() {
+    // `dependentRequired` is not classified: named with its path, treated
+    // as breaking, and the changed published version is an error.
     let old = common::fixture("diff/identical/old");
     let (_temp, new) = common::copy_fixture("diff/identical/new");
     let file = new.join("parcel.sent/v1.json");
     let mut schema: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-    schema["properties"]["parcel_id"]["maxLength"] = 20.into();
+    schema["dependentRequired"] = serde_json::json!({"parcel_id": ["weight_grams"]});
     std::fs::write(&file, outbox_codegen::to_canonical_string(&schema)).unwrap();
     let report = diff(&old, &new).unwrap();
     assert_eq!(
@@ -297,8 +297,10 @@ fn a_change_the_classifier_does_not_know_is_still_a_frozen_change() {
             kind: FrozenChanged,
             event_type: "parcel.sent".into(),
             version: Some(1),
-            path: Some("/properties/parcel_id/maxLength".into()),
-            message: "the published schema changed ((absent) → 20; full); a published version is \
+            path: Some("/dependentRequired".into()),
+            message: "the published schema changed (the payload: keyword `dependentRequired` \
+                      changed; this checker does not classify it, so a human must decide \
+                      (treated as breaking) [breaking]; breaking); a published version is \
                       frozen: add version 3 with an upcaster instead"
                 .into(),
         }]

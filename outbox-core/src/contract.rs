@@ -150,6 +150,103 @@ pub struct EventContract {
     pub schema: fn() -> Schema,
     /// Source location of the derive, for diagnostics (`file:line`).
     pub defined_at: &'static str,
+    /// The compatibility mode declared with `#[outbox(compatibility = "…")]`,
+    /// which the schema registry check enforces between this event type's
+    /// versions (`None`: the registry's setting, by default backward).
+    pub compatibility: Option<CompatibilityMode>,
+}
+
+/// Which versions of an event type must be able to read each other, as a
+/// schema registry enforces it (the names follow Confluent's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CompatibilityMode {
+    /// Nothing is checked between versions.
+    None,
+    /// New readers read data of the previous version (directly, or through
+    /// the upcaster into the new version). The default.
+    Backward,
+    /// Old readers (of the previous version) read data of the new version:
+    /// producers may upgrade before consumers.
+    Forward,
+    /// Both backward and forward.
+    Full,
+    /// Backward against every earlier version that still has a schema.
+    BackwardTransitive,
+    /// Forward against every earlier version that still has a schema.
+    ForwardTransitive,
+    /// Full against every earlier version that still has a schema.
+    FullTransitive,
+}
+
+impl CompatibilityMode {
+    /// Every mode, in the order of [`CompatibilityMode::name`]s.
+    pub const ALL: [CompatibilityMode; 7] = [
+        CompatibilityMode::None,
+        CompatibilityMode::Backward,
+        CompatibilityMode::Forward,
+        CompatibilityMode::Full,
+        CompatibilityMode::BackwardTransitive,
+        CompatibilityMode::ForwardTransitive,
+        CompatibilityMode::FullTransitive,
+    ];
+
+    /// The name used in attributes and `registry.json` (`backward_transitive`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CompatibilityMode::None => "none",
+            CompatibilityMode::Backward => "backward",
+            CompatibilityMode::Forward => "forward",
+            CompatibilityMode::Full => "full",
+            CompatibilityMode::BackwardTransitive => "backward_transitive",
+            CompatibilityMode::ForwardTransitive => "forward_transitive",
+            CompatibilityMode::FullTransitive => "full_transitive",
+        }
+    }
+
+    /// The mode with this name.
+    pub fn from_name(name: &str) -> Option<CompatibilityMode> {
+        CompatibilityMode::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+
+    /// Whether new readers must read older data.
+    pub fn backward(self) -> bool {
+        matches!(
+            self,
+            CompatibilityMode::Backward
+                | CompatibilityMode::Full
+                | CompatibilityMode::BackwardTransitive
+                | CompatibilityMode::FullTransitive
+        )
+    }
+
+    /// Whether old readers must read newer data.
+    pub fn forward(self) -> bool {
+        matches!(
+            self,
+            CompatibilityMode::Forward
+                | CompatibilityMode::Full
+                | CompatibilityMode::ForwardTransitive
+                | CompatibilityMode::FullTransitive
+        )
+    }
+
+    /// Whether every earlier version counts, not only the previous one.
+    pub fn transitive(self) -> bool {
+        matches!(
+            self,
+            CompatibilityMode::BackwardTransitive
+                | CompatibilityMode::ForwardTransitive
+                | CompatibilityMode::FullTransitive
+        )
+    }
+}
+
+impl fmt::Display for CompatibilityMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl EventContract {
@@ -177,6 +274,7 @@ impl fmt::Debug for EventContract {
             .field("rust_type", &self.rust_type)
             .field("redacted_fields", &self.redacted_fields)
             .field("upcasts", &self.upcasts)
+            .field("compatibility", &self.compatibility)
             .finish_non_exhaustive()
     }
 }

@@ -74,6 +74,16 @@ impl Envelope {
     /// names without any transport prefix. `source` identifies the producing
     /// service (for example `/order-service`).
     pub fn cloudevents_attributes(&self, source: &str) -> Vec<(&'static str, String)> {
+        self.cloudevents_attributes_with(source, None)
+    }
+
+    /// As [`Envelope::cloudevents_attributes`], with `dataschema` under a
+    /// schema base URL ([`dataschema_uri_with_base`]).
+    pub fn cloudevents_attributes_with(
+        &self,
+        source: &str,
+        dataschema_base: Option<&str>,
+    ) -> Vec<(&'static str, String)> {
         let mut attributes = vec![
             (ce::SPECVERSION, "1.0".to_owned()),
             (ce::ID, self.id.to_string()),
@@ -88,7 +98,7 @@ impl Envelope {
             (ce::DATACONTENTTYPE, "application/json".to_owned()),
             (
                 ce::DATASCHEMA,
-                dataschema_uri(&self.event_type, self.schema_version),
+                dataschema_uri_with_base(dataschema_base, &self.event_type, self.schema_version),
             ),
             (ce::SCHEMAVERSION, self.schema_version.to_string()),
             (ce::AGGREGATETYPE, self.aggregate_type.clone()),
@@ -198,9 +208,26 @@ impl fmt::Display for Envelope {
     }
 }
 
-/// The `dataschema` URI of an event type at a version.
+/// The `dataschema` URI of an event type at a version when no schema base
+/// is configured: `urn:outbox:schema:<event_type>:v<N>`, the `$id` of that
+/// version's file in a schema registry folder without a base.
 pub fn dataschema_uri(event_type: &str, schema_version: u32) -> String {
     format!("urn:outbox:schema:{event_type}:v{schema_version}")
+}
+
+/// The `dataschema` URI of an event type at a version: with a base (where
+/// the registry folder is served, ending in `/`) the URL of the schema file,
+/// `<base><event_type>/v<N>.json`, equal to that file's `$id`; without one,
+/// [`dataschema_uri`].
+pub fn dataschema_uri_with_base(
+    base: Option<&str>,
+    event_type: &str,
+    schema_version: u32,
+) -> String {
+    match base {
+        Some(base) => format!("{base}{event_type}/v{schema_version}.json"),
+        None => dataschema_uri(event_type, schema_version),
+    }
 }
 
 /// A message could not be read as an envelope.

@@ -140,4 +140,5 @@ pub use active::{arm, arm_from_env, disarm, is_paused, release};
 pub(crate) use active::hit;
 
 #[cfg(not(feature = "failpoints"))]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) async fn hit(_name: &'static str) {}

@@ -150,6 +150,7 @@ pub mod consumer;
 mod contract;
 #[cfg(feature = "postgres")]
 mod emit;
+pub mod encoding;
 mod envelope;
 pub mod failpoint;
 #[cfg(feature = "postgres")]
@@ -169,10 +170,13 @@ mod upcast;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use contract::{ContractKey, EventContract, OutboxEvent, PayloadError, UpcastKind, UpcastLink};
+pub use contract::{
+    CompatibilityMode, ContractKey, EventContract, OutboxEvent, PayloadError, UpcastKind,
+    UpcastLink,
+};
 #[cfg(feature = "postgres")]
 pub use emit::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft, Outbox, emit, emit_all};
-pub use envelope::{Envelope, EnvelopeError, ce, dataschema_uri};
+pub use envelope::{Envelope, EnvelopeError, ce, dataschema_uri, dataschema_uri_with_base};
 pub use redact::{REDACTED, mask_all, mask_fields, redacted_payload, scrub_message};
 pub use registry::{ContractRegistry, RegistryError, RegistryErrors, submitted_contracts};
 pub use upcast::{BoxError, DecodeError, PayloadMismatch, UpcastError, UpcastFailure};

@@ -8,7 +8,7 @@ pub use serde_json::Value;
 pub use serde_json::value::RawValue;
 pub use std::string::String;
 
-pub use crate::contract::{EventContract, UpcastKind, UpcastLink};
+pub use crate::contract::{CompatibilityMode, EventContract, UpcastKind, UpcastLink};
 pub use crate::registry::ContractEntry;
 pub use crate::upcast::{
     BoxError, DecodeError, JsonUpcastFn, UpcastFailure, UpcastFrom, decode_json,

@@ -252,3 +252,31 @@ fn crate_attribute_points_generated_code_at_a_renamed_path() {
     assert_eq!(invoice.aggregate_id(), "INV-9");
     assert_eq!(renamed::InvoiceIssued::EVENT_TYPE, "invoice.issued");
 }
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(
+    event_type = "customer.renamed",
+    aggregate = "customer",
+    version = 1,
+    compatibility = "full_transitive"
+)]
+struct CustomerRenamed {
+    #[outbox(aggregate_id)]
+    customer_id: String,
+    name: String,
+}
+
+#[test]
+fn the_declared_compatibility_mode_is_in_the_contract() {
+    assert_eq!(
+        CustomerRenamed::contract().compatibility,
+        Some(outbox_core::CompatibilityMode::FullTransitive)
+    );
+    assert_eq!(CustomerRegistered::contract().compatibility, None);
+    for mode in outbox_core::CompatibilityMode::ALL {
+        assert_eq!(
+            outbox_core::CompatibilityMode::from_name(mode.name()),
+            Some(mode)
+        );
+    }
+}

@@ -39,6 +39,13 @@ fn expand(cont: &Container<'_>) -> TokenStream {
     let aggregate = &attrs.aggregate.as_ref().expect("checked").value;
     let version = attrs.version.as_ref().expect("checked").value;
     let redacted = cont.redacted_keys();
+    let compatibility = match &attrs.compatibility {
+        Some(mode) => {
+            let variant = syn::Ident::new(mode.value, proc_macro2::Span::call_site());
+            quote!(#private::Option::Some(#private::CompatibilityMode::#variant))
+        }
+        None => quote!(#private::Option::None),
+    };
 
     let id_field = cont.aggregate_id_field().expect("checked");
     let id_ident = id_field.ident;
@@ -190,6 +197,7 @@ fn expand(cont: &Container<'_>) -> TokenStream {
                 upcasts: &[#(#links),*],
                 schema: <#ident as #krate::OutboxEvent>::contract_schema,
                 defined_at: ::core::concat!(::core::file!(), ":", ::core::line!()),
+                compatibility: #compatibility,
             };
 
             #private::inventory::submit! {

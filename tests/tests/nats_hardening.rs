@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Outcome};
+use outbox_core::encoding::{decode_token, encode_header_value};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
-use outbox_core::transport::encoding::{decode_token, encode_header_value};
 use outbox_core::transport::nats::{
     JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport, durable_for_filter,
 };

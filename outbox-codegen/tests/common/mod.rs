@@ -68,3 +68,11 @@ pub(crate) fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 pub(crate) fn read(dir: &Path, relative: &str) -> String {
     fs::read_to_string(dir.join(relative)).unwrap()
 }
+
+/// A copy of any folder at `<tempdir>/registry`.
+pub(crate) fn copy_fixture_dir(source: &Path) -> (TempDir, PathBuf) {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("registry");
+    copy_dir(source, &dir);
+    (temp, dir)
+}

@@ -2,7 +2,7 @@
 //! knows this trait only; NATS JetStream is the first implementation
 //! (feature `nats`), Kafka and RabbitMQ follow behind the same trait.
 
-pub mod encoding;
+pub use crate::encoding;
 #[cfg(feature = "nats")]
 pub mod nats;
 

@@ -212,6 +212,12 @@ pub struct NatsConfig {
     pub subject_template: String,
     /// CloudEvents `source` of this producer (default `/outbox`).
     pub source: String,
+    /// Where the schema registry folder is served, ending in `/`
+    /// (`https://schemas.example.com/orders/`): `ce-dataschema` is then the
+    /// URL of the event's schema file, `<base><event_type>/v<N>.json`, which
+    /// is that file's `$id` when the registry's `settings.schema_base` is the
+    /// same. Default none: `urn:outbox:schema:<event_type>:v<N>`.
+    pub dataschema_base: Option<String>,
     /// How long JetStream remembers message ids to drop duplicates
     /// (default 2 minutes; set when the stream is created).
     pub duplicate_window: Duration,
@@ -234,6 +240,7 @@ impl Default for NatsConfig {
             stream: "OUTBOX".to_owned(),
             subject_template: "events.{aggregate_type}.{event_type}".to_owned(),
             source: "/outbox".to_owned(),
+            dataschema_base: None,
             duplicate_window: Duration::from_secs(120),
             message_id_header: true,
             create_stream: true,
@@ -402,6 +409,15 @@ impl NatsTransport {
             }
             .into());
         }
+        if let Some(base) = &config.dataschema_base
+            && (!base.ends_with('/') || !base.contains(':') || base.contains(char::is_whitespace))
+        {
+            return Err(ConfigError::InvalidValue {
+                what: "NATS dataschema_base",
+                reason: format!("{base:?} must be an absolute URI ending in `/`"),
+            }
+            .into());
+        }
         let client = connect(&config).await?;
         let context = jetstream::ContextBuilder::new()
             .timeout(config.ack_timeout)
@@ -473,7 +489,10 @@ impl NatsTransport {
 
     fn headers(&self, envelope: &Envelope) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        for (attribute, value) in envelope.cloudevents_attributes(&self.config.source) {
+        for (attribute, value) in envelope.cloudevents_attributes_with(
+            &self.config.source,
+            self.config.dataschema_base.as_deref(),
+        ) {
             let Some((_, name)) = self.names.iter().find(|(a, _)| *a == attribute) else {
                 continue;
             };

@@ -81,6 +81,8 @@ pub(crate) struct Container {
     pub(crate) upcast_from: Option<Spanned<Path>>,
     pub(crate) upcasts: Vec<JsonUpcast>,
     pub(crate) krate: Option<Spanned<Path>>,
+    /// `compatibility = "…"`: the variant name of `CompatibilityMode`.
+    pub(crate) compatibility: Option<Spanned<&'static str>>,
     /// The first `#[outbox(...)]` attribute, for errors about missing keys.
     pub(crate) outbox_attr: Option<TokenStream>,
     /// Required keys that appeared, valid or not (`event_type`, `aggregate`, `version`).
@@ -96,6 +98,7 @@ impl Container {
         let mut version = Once::none(cx, VERSION);
         let mut upcast_from = Once::none(cx, UPCAST_FROM);
         let mut krate = Once::none(cx, CRATE);
+        let mut compatibility = Once::none(cx, COMPATIBILITY);
         let mut upcasts = Vec::new();
         let mut outbox_attr = None;
         let mut rename_all = None;
@@ -151,6 +154,24 @@ impl Container {
                     if let Some(upcast) = json_upcast(cx, &meta)? {
                         upcasts.push(upcast);
                     }
+                } else if meta.path == COMPATIBILITY {
+                    if let Some(lit) = string_value(cx, &meta, COMPATIBILITY, "\"backward\"")? {
+                        match COMPATIBILITY_MODES.iter().find(|(name, _)| *name == lit.value()) {
+                            Some((_, variant)) => compatibility.set(&lit, *variant),
+                            None => cx.error_spanned_by(
+                                &lit,
+                                format!(
+                                    "unknown compatibility mode {:?}; expected one of {}",
+                                    lit.value(),
+                                    COMPATIBILITY_MODES
+                                        .iter()
+                                        .map(|(name, _)| format!("\"{name}\""))
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                ),
+                            ),
+                        }
+                    }
                 } else if meta.path == CRATE {
                     if let Some(lit) = string_value(cx, &meta, CRATE, "\"outbox_core\"")? {
                         match lit.parse::<Path>() {
@@ -196,6 +217,7 @@ impl Container {
             upcast_from: upcast_from.get(),
             upcasts,
             krate: krate.get(),
+            compatibility: compatibility.get(),
             outbox_attr,
             rename_all,
         }

@@ -18,6 +18,7 @@ pub(crate) const VERSION: Symbol = Symbol("version");
 pub(crate) const UPCAST_FROM: Symbol = Symbol("upcast_from");
 pub(crate) const UPCAST: Symbol = Symbol("upcast");
 pub(crate) const CRATE: Symbol = Symbol("crate");
+pub(crate) const COMPATIBILITY: Symbol = Symbol("compatibility");
 pub(crate) const FROM: Symbol = Symbol("from");
 pub(crate) const WITH: Symbol = Symbol("with");
 
@@ -33,8 +34,18 @@ pub(crate) const FLATTEN: Symbol = Symbol("flatten");
 pub(crate) const SERIALIZE: Symbol = Symbol("serialize");
 
 /// The container keys, for "expected one of" messages.
-pub(crate) const CONTAINER_KEYS: &str =
-    "`event_type`, `aggregate`, `version`, `upcast_from`, `upcast(from = N, with = path)`, `crate`";
+pub(crate) const CONTAINER_KEYS: &str = "`event_type`, `aggregate`, `version`, `upcast_from`, `upcast(from = N, with = path)`, `compatibility`, `crate`";
+
+/// The compatibility modes and the variant each names.
+pub(crate) const COMPATIBILITY_MODES: &[(&str, &str)] = &[
+    ("none", "None"),
+    ("backward", "Backward"),
+    ("forward", "Forward"),
+    ("full", "Full"),
+    ("backward_transitive", "BackwardTransitive"),
+    ("forward_transitive", "ForwardTransitive"),
+    ("full_transitive", "FullTransitive"),
+];
 /// The field keys, for "expected one of" messages.
 pub(crate) const FIELD_KEYS: &str = "`aggregate_id`, `aggregate_version`, `redact`";
 

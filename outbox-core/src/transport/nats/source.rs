@@ -27,8 +27,8 @@ use sha2::Digest;
 
 use super::{NatsConfig, NatsError, SubjectTemplate, connect, is_connected};
 use crate::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
+use crate::encoding::decode_header_value;
 use crate::store::ConfigError;
-use crate::transport::encoding::decode_header_value;
 
 /// Settings of a JetStream source.
 #[derive(Debug, Clone)]

@@ -28,7 +28,7 @@ pub struct DecodeHeaderError {
 /// timestamps, event types) are unchanged.
 ///
 /// ```
-/// use outbox_core::transport::encoding::encode_header_value;
+/// use outbox_core::encoding::encode_header_value;
 /// assert_eq!(encode_header_value("Zoë 100%"), "Zo%C3%AB%20100%25");
 /// assert_eq!(encode_header_value("order.created"), "order.created");
 /// ```
@@ -79,7 +79,7 @@ pub fn decode_header_value(name: &str, raw: &str) -> Result<String, DecodeHeader
 /// [`decode_token`].
 ///
 /// ```
-/// use outbox_core::transport::encoding::{decode_token, encode_token};
+/// use outbox_core::encoding::{decode_token, encode_token};
 /// assert_eq!(encode_token("a.b"), "a%2Eb");
 /// assert_eq!(encode_token("Zoë 100%"), "Zo%C3%AB%20100%25");
 /// assert_eq!(decode_token("a%2Eb").unwrap(), "a.b");
