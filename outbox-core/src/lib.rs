@@ -155,6 +155,8 @@ mod envelope;
 pub mod failpoint;
 #[cfg(feature = "postgres")]
 pub mod metrics;
+#[cfg(feature = "postgres")]
+pub mod ops;
 mod redact;
 mod registry;
 #[cfg(feature = "postgres")]

@@ -16,6 +16,21 @@ pub fn server_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// The URL of the test database (`DATABASE_URL` with the database
+/// replaced), for tools run as a process.
+pub fn test_database_url() -> String {
+    let url = server_url();
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base.to_owned(), format!("?{query}")),
+        None => (url.clone(), String::new()),
+    };
+    let authority_start = base.find("://").map_or(0, |at| at + 3);
+    let host_end = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |at| authority_start + at);
+    format!("{}/{DATABASE}{query}", &base[..host_end])
+}
+
 /// Connect options for the test database.
 pub fn test_database_options() -> PgConnectOptions {
     let options: PgConnectOptions = server_url()

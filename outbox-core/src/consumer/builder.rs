@@ -309,6 +309,7 @@ impl ConsumerBuilder {
                 registry,
                 skipped_types,
                 config: self.config,
+                tally: Default::default(),
             }),
         })
     }

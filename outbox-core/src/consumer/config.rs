@@ -109,8 +109,9 @@ pub struct ConsumerConfig {
     /// Pause after a database or source error before the next try
     /// (default 1 s).
     pub error_backoff: Duration,
-    /// How often a strict consumer looks for parked messages that are
-    /// ready or expired (default 1 s).
+    /// How often the consumer's task looks for replays an operator asked
+    /// for and, under strict ordering, for parked messages that are ready or
+    /// expired (default 1 s).
     pub sweep_interval: Duration,
     /// Where a strict consumer starts an aggregate it has never seen
     /// (default [`StrictStart::LowestSeen`]).
@@ -152,13 +153,13 @@ impl ConsumerConfig {
                 "must be above zero, or a database outage becomes a busy loop",
             ));
         }
-        if let Ordering::Strict { park_timeout } = self.ordering {
-            if park_timeout.is_zero() {
-                return Err(bad("consumer park_timeout", "must be above zero"));
-            }
-            if self.sweep_interval.is_zero() {
-                return Err(bad("consumer sweep_interval", "must be above zero"));
-            }
+        if let Ordering::Strict { park_timeout } = self.ordering
+            && park_timeout.is_zero()
+        {
+            return Err(bad("consumer park_timeout", "must be above zero"));
+        }
+        if self.sweep_interval.is_zero() {
+            return Err(bad("consumer sweep_interval", "must be above zero"));
         }
         self.retry.backoff.validate()
     }

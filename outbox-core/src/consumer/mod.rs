@@ -51,6 +51,7 @@ mod process;
 mod replay;
 mod runner;
 mod source;
+mod stats;
 mod strict;
 
 use std::collections::{BTreeSet, HashMap};
@@ -72,6 +73,7 @@ pub use source::{
 };
 pub use strict::SweepReport;
 
+#[cfg(feature = "nats")]
 pub(crate) use config::validate_name as validate_durable;
 
 use crate::registry::ContractRegistry;
@@ -106,6 +108,8 @@ pub(crate) struct Inner {
     /// move positions, so they must be delivered.
     pub(crate) skipped_types: Vec<(&'static str, &'static str)>,
     pub(crate) config: ConsumerConfig,
+    /// Counts written to `outbox_consumer_stats` at each flush.
+    pub(crate) tally: stats::Tally,
 }
 
 impl fmt::Debug for Consumer {

@@ -556,12 +556,11 @@ impl Consumer {
     }
 
     pub(super) fn record_lag(&self, envelope: &Envelope) {
-        let lag = (Utc::now() - envelope.occurred_at)
-            .num_microseconds()
-            .unwrap_or(0) as f64
-            / 1e6;
-        metrics::gauge!(m::CONSUMER_LAG, "consumer" => Arc::clone(&self.inner.name))
-            .set(lag.max(0.0));
+        let now = Utc::now();
+        let lag =
+            ((now - envelope.occurred_at).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0);
+        metrics::gauge!(m::CONSUMER_LAG, "consumer" => Arc::clone(&self.inner.name)).set(lag);
+        self.inner.tally.lag(now, lag);
     }
 
     pub(crate) fn record(&self, outcome: &Outcome) {
@@ -573,7 +572,9 @@ impl Consumer {
         )
         .increment(1);
         match outcome {
+            Outcome::Applied => self.inner.tally.applied(),
             Outcome::Duplicate => {
+                self.inner.tally.duplicate();
                 metrics::counter!(m::CONSUMER_DUPLICATES, "consumer" => consumer).increment(1);
             }
             Outcome::Quarantined { .. } => {

@@ -105,6 +105,13 @@ pub enum ReplayError {
     Database(#[from] ConsumerError),
 }
 
+/// A replay an operator asked for: its outcome goes to the request's
+/// audit row.
+struct Requested {
+    audit: AuditSql,
+    audit_id: Option<i64>,
+}
+
 impl Consumer {
     async fn claim_for_replay(
         &self,
@@ -162,7 +169,7 @@ impl Consumer {
         };
         let mut letters = Vec::with_capacity(letter_ids.len());
         for &letter_id in letter_ids {
-            let outcome = self.replay_one(letter_id).await?;
+            let outcome = self.replay_one(letter_id, None).await?;
             metrics::counter!(
                 m::CONSUMER_REPLAYS,
                 "consumer" => self.inner.name.to_string(),
@@ -200,7 +207,88 @@ impl Consumer {
         Ok(ReplayReport { audit_id, letters })
     }
 
-    async fn replay_one(&self, letter_id: i64) -> Result<ReplayOutcome, ConsumerError> {
+    /// Runs the replays an operator asked for (`outbox quarantine replay`,
+    /// `Ops::request_replay`): each requested open letter of this consumer
+    /// goes through [`Consumer::replay`]'s path, and its outcome is added to
+    /// the request's audit row in the transaction that settles the letter
+    /// (so whoever sees the letter settled finds the outcome recorded). A
+    /// replay that does not close its letter clears the request: it is not
+    /// retried on its own. The consumer's task calls this every
+    /// `sweep_interval`; returns how many ran.
+    pub async fn run_requested_replays(&self) -> Result<usize, ConsumerError> {
+        let sql = &self.inner.sql;
+        let name = &*self.inner.name;
+        let requested = {
+            let mut conn = self
+                .inner
+                .pool
+                .acquire()
+                .await
+                .map_err(self.db_error("acquiring a connection"))?;
+            sql.requested_replays(&mut conn, name)
+                .await
+                .map_err(self.db_error("reading replay requests"))?
+        };
+        for (letter_id, audit_id) in &requested {
+            let request = Requested {
+                audit: AuditSql::new(&self.inner.schema),
+                audit_id: *audit_id,
+            };
+            let outcome = self.replay_one(*letter_id, Some(&request)).await?;
+            metrics::counter!(
+                m::CONSUMER_REPLAYS,
+                "consumer" => self.inner.name.to_string(),
+                "outcome" => outcome.label(),
+            )
+            .increment(1);
+            tracing::info!(consumer = %name, letter_id, outcome = outcome.label(), "requested replay ran");
+        }
+        Ok(requested.len())
+    }
+
+    /// Settles a requested replay in the transaction that settles its
+    /// letter: clears the request when the letter stays open, and appends
+    /// the outcome to the request's audit row.
+    async fn settle_request(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        letter_id: i64,
+        outcome: &ReplayOutcome,
+        requested: Option<&Requested>,
+    ) -> Result<(), ConsumerError> {
+        let Some(requested) = requested else {
+            return Ok(());
+        };
+        if !outcome.resolved() {
+            self.inner
+                .sql
+                .clear_replay_request(conn, &self.inner.name, letter_id)
+                .await
+                .map_err(self.db_error("clearing a replay request"))?;
+        }
+        if let Some(audit_id) = requested.audit_id {
+            let mut entry = serde_json::to_value(outcome).unwrap_or_default();
+            if let Some(object) = entry.as_object_mut() {
+                object.insert("id".into(), serde_json::Value::from(letter_id.to_string()));
+                object.insert(
+                    "ran_at".into(),
+                    serde_json::Value::from(chrono::Utc::now().to_rfc3339()),
+                );
+            }
+            requested
+                .audit
+                .append(conn, audit_id, &serde_json::Value::Array(vec![entry]))
+                .await
+                .map_err(self.db_error("recording a replay outcome"))?;
+        }
+        Ok(())
+    }
+
+    async fn replay_one(
+        &self,
+        letter_id: i64,
+        requested: Option<&Requested>,
+    ) -> Result<ReplayOutcome, ConsumerError> {
         let sql = &self.inner.sql;
         let name = &*self.inner.name;
         let mut tx = self.begin().await?;
@@ -209,7 +297,12 @@ impl Consumer {
             .await
             .map_err(self.db_error("reading a letter"))?
         else {
-            let _ = tx.rollback().await;
+            // Closed meanwhile (discarded, or replayed by another instance).
+            self.settle_request(&mut tx, letter_id, &ReplayOutcome::NotFound, requested)
+                .await?;
+            tx.commit()
+                .await
+                .map_err(self.db_error("committing a replay"))?;
             return Ok(ReplayOutcome::NotFound);
         };
         let attributes =
@@ -227,10 +320,13 @@ impl Consumer {
                 sql.letter_replay_failed(&mut tx, name, letter_id, &reason)
                     .await
                     .map_err(self.db_error("recording a failed replay"))?;
+                let outcome = ReplayOutcome::StillUnreadable { reason };
+                self.settle_request(&mut tx, letter_id, &outcome, requested)
+                    .await?;
                 tx.commit()
                     .await
                     .map_err(self.db_error("committing a failed replay"))?;
-                return Ok(ReplayOutcome::StillUnreadable { reason });
+                return Ok(outcome);
             }
             Prepared::Foreign => (ReplayOutcome::Ignored, None),
             Prepared::Ignored { envelope } if !self.tracks(&envelope) => {
@@ -277,21 +373,23 @@ impl Consumer {
                                     self.pin_start(&envelope).await?;
                                 }
                                 let error = error.to_string();
-                                let mut conn = self
-                                    .inner
-                                    .pool
-                                    .acquire()
-                                    .await
-                                    .map_err(self.db_error("acquiring a connection"))?;
-                                sql.letter_replay_failed(&mut conn, name, letter_id, &error)
+                                let mut tx = self.begin().await?;
+                                sql.letter_replay_failed(&mut tx, name, letter_id, &error)
                                     .await
                                     .map_err(self.db_error("recording a failed replay"))?;
-                                return Ok(ReplayOutcome::Failed { error });
+                                let outcome = ReplayOutcome::Failed { error };
+                                self.settle_request(&mut tx, letter_id, &outcome, requested)
+                                    .await?;
+                                tx.commit()
+                                    .await
+                                    .map_err(self.db_error("committing a failed replay"))?;
+                                return Ok(outcome);
                             }
                             if self.is_strict() {
                                 self.set_position(&mut tx, &envelope).await?;
                             }
                             self.record_lag(&envelope);
+                            self.inner.tally.applied();
                             (ReplayOutcome::Applied, self.is_strict().then_some(envelope))
                         }
                     }
@@ -301,6 +399,8 @@ impl Consumer {
         sql.resolve_letter(&mut tx, name, letter_id, &resolve(&outcome))
             .await
             .map_err(self.db_error("closing a letter"))?;
+        self.settle_request(&mut tx, letter_id, &outcome, requested)
+            .await?;
         tx.commit()
             .await
             .map_err(self.db_error("committing a replay"))?;

@@ -92,11 +92,9 @@ async fn run<S: MessageSource>(
 ) {
     let config = consumer.config().clone();
     let strict = matches!(config.ordering, Ordering::Strict { .. });
-    let mut sweep = tokio::time::interval(if strict {
-        config.sweep_interval
-    } else {
-        Duration::from_secs(3600)
-    });
+    // Every consumer sweeps: replays an operator asked for, its stats, and
+    // under strict ordering the parked messages.
+    let mut sweep = tokio::time::interval(config.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let name = consumer.name().to_owned();
     tracing::info!(consumer = %name, "consumer started");
@@ -112,10 +110,17 @@ async fn run<S: MessageSource>(
                     break;
                 }
             }
-            _ = sweep.tick(), if strict => {
-                if let Err(error) = consumer.sweep().await {
+            _ = sweep.tick() => {
+                if strict && let Err(error) = consumer.sweep().await {
                     tracing::warn!(consumer = %name, %error, "sweep of parked messages failed");
                     metrics::counter!(m::CONSUMER_ERRORS, "consumer" => name.clone(), "kind" => "database").increment(1);
+                }
+                if let Err(error) = consumer.run_requested_replays().await {
+                    tracing::warn!(consumer = %name, %error, "requested replays failed");
+                    metrics::counter!(m::CONSUMER_ERRORS, "consumer" => name.clone(), "kind" => "database").increment(1);
+                }
+                if let Err(error) = consumer.flush_stats().await {
+                    tracing::debug!(consumer = %name, %error, "writing consumer stats failed; kept for the next flush");
                 }
             }
             batch = source.next_batch(config.batch_size) => match batch {
@@ -131,6 +136,9 @@ async fn run<S: MessageSource>(
                 }
             },
         }
+    }
+    if let Err(error) = consumer.flush_stats().await {
+        tracing::debug!(consumer = %name, %error, "writing consumer stats failed at stop");
     }
     tracing::info!(consumer = %name, "consumer stopped");
 }

@@ -12,6 +12,7 @@ use crate::audit::RepairRequest;
 pub(crate) struct AuditSql {
     begin: String,
     finish: String,
+    append: String,
 }
 
 impl AuditSql {
@@ -23,6 +24,7 @@ impl AuditSql {
                  VALUES ($1, $2, $3, $4, $5) RETURNING id"
             ),
             finish: format!("UPDATE {s}.outbox_audit SET outcomes = $2 WHERE id = $1"),
+            append: format!("UPDATE {s}.outbox_audit SET outcomes = outcomes || $2 WHERE id = $1"),
         }
     }
 
@@ -43,6 +45,21 @@ impl AuditSql {
             .bind(ids)
             .fetch_one(conn)
             .await
+    }
+
+    /// Adds outcomes to a row (a requested replay that ran later).
+    pub(crate) async fn append(
+        &self,
+        conn: &mut PgConnection,
+        audit_id: i64,
+        outcomes: &serde_json::Value,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.append.as_str()))
+            .bind(audit_id)
+            .bind(outcomes)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     /// Records what happened to each id.

@@ -73,6 +73,9 @@ pub(crate) struct ConsumerSql {
     expire_parked: String,
     letter: String,
     lock_letter: String,
+    requested_replays: String,
+    flush_stats: String,
+    clear_replay_request: String,
     resolve_letter: String,
     letter_replay_failed: String,
 }
@@ -324,6 +327,32 @@ impl ConsumerSql {
                 "SELECT headers::text AS headers, payload FROM {s}.outbox_dead_letters
                  WHERE id = $1 AND consumer_name = $2 AND resolved_at IS NULL
                  FOR UPDATE"
+            ),
+            // Replays an operator asked for (the CLI marks them; this
+            // consumer has the handlers).
+            requested_replays: format!(
+                "SELECT id, replay_audit_id FROM {s}.outbox_dead_letters
+                 WHERE consumer_name = $1 AND replay_requested_at IS NOT NULL AND resolved_at IS NULL
+                 ORDER BY id LIMIT 100"
+            ),
+            // Added up across the instances of a consumer; the lag is the
+            // one of the most recently applied event.
+            flush_stats: format!(
+                "INSERT INTO {s}.outbox_consumer_stats AS t
+                    (consumer_name, applied, duplicates, last_applied_at, lag_seconds, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, now())
+                 ON CONFLICT (consumer_name) DO UPDATE SET
+                    applied = t.applied + EXCLUDED.applied,
+                    duplicates = t.duplicates + EXCLUDED.duplicates,
+                    lag_seconds = CASE
+                        WHEN EXCLUDED.last_applied_at >= coalesce(t.last_applied_at, '-infinity')
+                        THEN EXCLUDED.lag_seconds ELSE t.lag_seconds END,
+                    last_applied_at = greatest(t.last_applied_at, EXCLUDED.last_applied_at),
+                    updated_at = now()"
+            ),
+            clear_replay_request: format!(
+                "UPDATE {s}.outbox_dead_letters SET replay_requested_at = NULL
+                 WHERE id = $1 AND consumer_name = $2"
             ),
             resolve_letter: format!(
                 "UPDATE {s}.outbox_dead_letters
@@ -795,6 +824,55 @@ impl ConsumerSql {
             })
         })
         .transpose()
+    }
+
+    /// Replay requests of `consumer`: letter ids with their audit rows.
+    pub(crate) async fn requested_replays(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+    ) -> sqlx::Result<Vec<(i64, Option<i64>)>> {
+        sqlx::query_as(AssertSqlSafe(self.requested_replays.as_str()))
+            .bind(consumer)
+            .fetch_all(conn)
+            .await
+    }
+
+    /// Adds a consumer's counts since its last flush.
+    pub(crate) async fn flush_stats(
+        &self,
+        pool: &sqlx::PgPool,
+        consumer: &str,
+        applied: i64,
+        duplicates: i64,
+        last_applied_at: Option<chrono::DateTime<chrono::Utc>>,
+        lag_seconds: Option<f64>,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.flush_stats.as_str()))
+            .bind(consumer)
+            .bind(applied)
+            .bind(duplicates)
+            .bind(last_applied_at)
+            .bind(lag_seconds)
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Replay: a request that ran (and did not close the letter) is not
+    /// run again until asked again.
+    pub(crate) async fn clear_replay_request(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        letter_id: i64,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.clear_replay_request.as_str()))
+            .bind(letter_id)
+            .bind(consumer)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     /// Replay: closes a letter with what happened; false when it was not

@@ -29,6 +29,13 @@ pub fn migrations() -> Vec<Migration> {
             SqlStr::from_static(include_str!("../../migrations/0002_hardening.sql")),
             false,
         ),
+        Migration::new(
+            3,
+            "operations: skipped events, replay requests".into(),
+            MigrationType::Simple,
+            SqlStr::from_static(include_str!("../../migrations/0003_operations.sql")),
+            false,
+        ),
     ]
 }
 

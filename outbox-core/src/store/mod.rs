@@ -4,6 +4,7 @@
 pub(crate) mod audit;
 pub(crate) mod consumer;
 mod migrate;
+pub(crate) mod ops;
 mod relay;
 mod schema;
 pub(crate) mod sql;

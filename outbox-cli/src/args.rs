@@ -1,0 +1,356 @@
+//! The command line, as clap parses it.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// `outbox`: operate an outbox.
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox",
+    version,
+    about = "Operate an outbox: status, failed events, blocked aggregates, quarantine and dead letters, replays and repairs with a reason and an audit trail, cleanup, migrations, schema registry checks.",
+    after_help = "Exit codes: 0 ok; 1 `status --check` found problems; 2 bad usage, a refused repair, or a database that cannot be reached.\n\
+                  Payloads are shown redacted: the `redact` fields of event types whose contracts are linked into this binary, every value of other event types (or only --redact-keys)."
+)]
+pub(crate) struct Cli {
+    /// PostgreSQL URL of the service's database.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+    /// The schema that holds the outbox tables.
+    #[arg(long, default_value = "outbox", global = true)]
+    pub(crate) schema: String,
+    /// One JSON document instead of human tables.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    /// For event types this binary has no contract for, mask only these
+    /// top-level keys (comma-separated) instead of every value.
+    #[arg(long, global = true, value_delimiter = ',')]
+    pub(crate) redact_keys: Option<Vec<String>>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Backlog, blocked aggregates and consumers at a glance.
+    Status {
+        /// Exit with 1 when there are problems (failed or blocked events, an
+        /// old backlog, quarantine or dead letters).
+        #[arg(long)]
+        check: bool,
+        /// A pending event older than this is a problem.
+        #[arg(long, default_value = "5m", value_parser = parse_duration)]
+        max_age: Duration,
+        /// A consumer whose last applied event was older than this is a problem.
+        #[arg(long, default_value = "5m", value_parser = parse_duration)]
+        max_lag: Duration,
+    },
+    /// Events that failed to publish.
+    Failed {
+        #[command(subcommand)]
+        action: FailedAction,
+    },
+    /// Events in any state; publishing published ones again.
+    Events {
+        #[command(subcommand)]
+        action: EventsAction,
+    },
+    /// Aggregates waiting behind a retrying or failed head.
+    Blocked {
+        #[command(subcommand)]
+        action: BlockedAction,
+    },
+    /// Messages a consumer could not read.
+    Quarantine {
+        /// The consumer.
+        #[arg(long)]
+        consumer: String,
+        #[command(subcommand)]
+        action: LetterAction,
+    },
+    /// Messages whose handler failed for good.
+    DeadLetters {
+        /// The consumer.
+        #[arg(long)]
+        consumer: String,
+        #[command(subcommand)]
+        action: LetterAction,
+    },
+    /// Every repair: who, when, why, which ids, what happened.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+    /// Delete published events older than an age (a dry run unless --execute).
+    Cleanup {
+        /// Delete published events older than this (`7d`, `12h`).
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Duration,
+        /// Delete; without it only count.
+        #[arg(long)]
+        execute: bool,
+        /// Rows per delete.
+        #[arg(long, default_value_t = 1000)]
+        batch: i64,
+        #[command(flatten)]
+        who: Who,
+    },
+    /// Apply the outbox migrations to the schema.
+    Migrate,
+    /// Schema registry checks (the `outbox-codegen` commands).
+    Registry {
+        #[command(subcommand)]
+        command: outbox_codegen::cli::Command,
+    },
+}
+
+/// Who asks for a repair, and why.
+#[derive(Debug, Args)]
+pub(crate) struct Who {
+    /// Why (required for every repair and cleanup).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
+    /// Who (default: the OS user).
+    #[arg(long)]
+    pub(crate) operator: Option<String>,
+}
+
+/// Filters of event listings.
+#[derive(Debug, Args, Default)]
+pub(crate) struct EventFilterArgs {
+    /// Only this event type.
+    #[arg(long)]
+    pub(crate) event_type: Option<String>,
+    /// Only this aggregate type.
+    #[arg(long)]
+    pub(crate) aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    #[arg(long)]
+    pub(crate) aggregate_id: Option<String>,
+    /// At or after (RFC 3339).
+    #[arg(long)]
+    pub(crate) since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Before (RFC 3339).
+    #[arg(long)]
+    pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
+    /// The last error contains this text.
+    #[arg(long)]
+    pub(crate) error: Option<String>,
+}
+
+impl EventFilterArgs {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.event_type.is_none()
+            && self.aggregate_type.is_none()
+            && self.aggregate_id.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.error.is_none()
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum FailedAction {
+    /// List failed events, oldest first.
+    List {
+        #[command(flatten)]
+        filter: EventFilterArgs,
+        /// Page size.
+        #[arg(long)]
+        limit: Option<i64>,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        after: Option<i64>,
+    },
+    /// Show one event with its payload (redacted).
+    Show {
+        /// The event id.
+        id: uuid::Uuid,
+    },
+    /// Back to pending with attempts reset (a blocked aggregate's head goes first).
+    Retry(EventRepairArgs),
+    /// Skip failed heads: never published, kept for inspection; their aggregates go on.
+    Skip(EventRepairArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum EventsAction {
+    /// List events of a status.
+    List {
+        /// pending, published, failed, skipped.
+        #[arg(long, default_value = "pending")]
+        status: String,
+        #[command(flatten)]
+        filter: EventFilterArgs,
+        /// Page size.
+        #[arg(long)]
+        limit: Option<i64>,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        after: Option<i64>,
+    },
+    /// Show one event.
+    Show {
+        /// The event id.
+        id: uuid::Uuid,
+    },
+    /// Publish published events again (same event ids: consumers that
+    /// applied them see duplicates; JetStream drops them within its
+    /// duplicate window).
+    Republish(EventRepairArgs),
+}
+
+/// Which events a repair acts on, and why.
+#[derive(Debug, Args)]
+pub(crate) struct EventRepairArgs {
+    /// Event ids (repeat for several).
+    #[arg(long = "id")]
+    pub(crate) ids: Vec<uuid::Uuid>,
+    /// Instead of ids: the events matching these filters ...
+    #[command(flatten)]
+    pub(crate) filter: EventFilterArgs,
+    /// ... at most this many (required with filters).
+    #[arg(long)]
+    pub(crate) limit: Option<i64>,
+    /// Confirm a repair by filter without asking.
+    #[arg(long)]
+    pub(crate) yes: bool,
+    #[command(flatten)]
+    pub(crate) who: Who,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BlockedAction {
+    /// List blocked aggregates, oldest first.
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+}
+
+/// Filters of letter listings.
+#[derive(Debug, Args, Default)]
+pub(crate) struct LetterFilterArgs {
+    /// Only this event type.
+    #[arg(long)]
+    pub(crate) event_type: Option<String>,
+    /// Only this aggregate type.
+    #[arg(long)]
+    pub(crate) aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    #[arg(long)]
+    pub(crate) aggregate_id: Option<String>,
+    /// Written at or after (RFC 3339).
+    #[arg(long)]
+    pub(crate) since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Written before (RFC 3339).
+    #[arg(long)]
+    pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
+    /// The reason contains this text.
+    #[arg(long)]
+    pub(crate) error: Option<String>,
+}
+
+impl LetterFilterArgs {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.event_type.is_none()
+            && self.aggregate_type.is_none()
+            && self.aggregate_id.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.error.is_none()
+    }
+}
+
+/// Which letters a repair acts on, and why.
+#[derive(Debug, Args)]
+pub(crate) struct LetterRepairArgs {
+    /// Letter ids (repeat for several).
+    #[arg(long = "id")]
+    pub(crate) ids: Vec<i64>,
+    /// Instead of ids: the open letters matching these filters ...
+    #[command(flatten)]
+    pub(crate) filter: LetterFilterArgs,
+    /// ... at most this many (required with filters).
+    #[arg(long)]
+    pub(crate) limit: Option<i64>,
+    /// Confirm a repair by filter without asking.
+    #[arg(long)]
+    pub(crate) yes: bool,
+    #[command(flatten)]
+    pub(crate) who: Who,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum LetterAction {
+    /// List open letters, oldest first.
+    List {
+        #[command(flatten)]
+        filter: LetterFilterArgs,
+        /// Closed letters too.
+        #[arg(long)]
+        all: bool,
+        /// Page size.
+        #[arg(long)]
+        limit: Option<i64>,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        after: Option<i64>,
+    },
+    /// Show one letter with its payload (redacted) and headers.
+    Show {
+        /// The letter id.
+        id: i64,
+    },
+    /// Ask the running consumer to replay letters (it has the handlers).
+    Replay {
+        #[command(flatten)]
+        select: LetterRepairArgs,
+        /// Wait up to this long for the consumer to run them (`30s`); exit 1
+        /// when a replay left its letter open.
+        #[arg(long, value_parser = parse_duration)]
+        wait: Option<Duration>,
+    },
+    /// Close letters without running them.
+    Discard {
+        #[command(flatten)]
+        select: LetterRepairArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AuditAction {
+    /// List audit rows, newest first.
+    List {
+        /// Page size.
+        #[arg(long)]
+        limit: Option<i64>,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        before: Option<i64>,
+    },
+}
+
+/// `90s`, `5m`, `12h`, `7d`, or plain seconds.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 30s, 5m, 12h or 7d"))?;
+    let seconds = match unit {
+        "s" => value,
+        "m" => value * 60,
+        "h" => value * 3600,
+        "d" => value * 86_400,
+        _ => {
+            return Err(format!("{text:?}: unknown unit {unit:?}; use s, m, h or d"));
+        }
+    };
+    Ok(Duration::from_secs(seconds))
+}

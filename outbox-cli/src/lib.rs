@@ -1,0 +1,949 @@
+//! # outbox-cli
+//!
+//! The `outbox` operator tool over [`outbox_core::ops`]: `status`,
+//! `failed list|show|retry|skip`, `events list|show|republish`,
+//! `blocked list`, `quarantine` and `dead-letters list|show|replay|discard`,
+//! `audit list`, `cleanup`, `migrate`, `registry check|diff|…`. Human tables
+//! by default, `--json` for scripts. Exit codes: 0 ok, 1 `status --check`
+//! found problems, 2 bad usage, a refused repair or no database.
+//!
+//! The tool shows payloads through the contracts linked into it: fields
+//! marked `#[outbox(redact)]` are masked, and event types it has no
+//! contract for are masked entirely (or only `--redact-keys`). A service
+//! builds its own `outbox` binary with its contracts linked in:
+//!
+//! ```no_run
+//! // src/bin/outbox.rs of the service
+//! extern crate my_service_contracts; // links the #[derive(OutboxEvent)] types
+//!
+//! fn main() -> std::process::ExitCode {
+//!     outbox_cli::run()
+//! }
+//! # mod my_service_contracts {}
+//! ```
+//!
+//! Replays are run by the consumer itself (it has the handlers): the tool
+//! marks the letters with the request and the audit row, and the running
+//! consumer replays them at its next sweep (`--wait` waits for it).
+
+mod args;
+mod table;
+
+use std::ffi::OsString;
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use outbox_core::audit::RepairRequest;
+use outbox_core::ops::{
+    EventFilter, EventRecord, EventStatus, LetterFilter, LetterKind, LetterRecord, Ops, OpsError,
+    Page, Redaction, RepairReport, StatusOptions,
+};
+use outbox_core::store::SchemaName;
+use serde::Serialize;
+use sqlx::postgres::PgPoolOptions;
+
+use args::{
+    AuditAction, BlockedAction, Cli, Command, EventFilterArgs, EventRepairArgs, EventsAction,
+    FailedAction, LetterAction, LetterFilterArgs, LetterRepairArgs, Who,
+};
+use table::{Table, age, cut, opt, when};
+
+/// Exit code: done, nothing to report.
+pub const EXIT_OK: u8 = 0;
+/// Exit code: `status --check` found problems.
+pub const EXIT_PROBLEMS: u8 = 1;
+/// Exit code: bad usage, a refused repair, or the database cannot be reached.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Parses the process arguments and runs the command.
+pub fn run() -> ExitCode {
+    run_from(std::env::args_os())
+}
+
+/// Runs the command in `args` (the first is the program name).
+pub fn run_from(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(if error.use_stderr() {
+                EXIT_USAGE
+            } else {
+                EXIT_OK
+            });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(format!("cannot start the runtime: {error}")),
+    };
+    match runtime.block_on(execute(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(message) => fail(message),
+    }
+}
+
+fn fail(message: String) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+type Outcome = Result<u8, String>;
+
+async fn execute(cli: Cli) -> Outcome {
+    if let Command::Registry { command } = cli.command {
+        let format = if cli.json {
+            outbox_codegen::cli::Format::Json
+        } else {
+            outbox_codegen::cli::Format::Text
+        };
+        let code = outbox_codegen::cli::run_with(outbox_codegen::cli::Cli { format, command });
+        return Ok(if code == ExitCode::SUCCESS {
+            EXIT_OK
+        } else {
+            exit_code_of(code)
+        });
+    }
+    let schema = SchemaName::new(cli.schema.clone()).map_err(|e| e.to_string())?;
+    let url = cli
+        .database_url
+        .clone()
+        .ok_or("no database: pass --database-url or set DATABASE_URL")?;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url)
+        .await
+        .map_err(|e| format!("cannot connect to the database: {e}"))?;
+    if let Command::Migrate = cli.command {
+        outbox_core::store::migrate(&pool, &schema)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("schema {schema} migrated");
+        return Ok(EXIT_OK);
+    }
+    let redaction = Redaction {
+        unknown_type_keys: cli.redact_keys.clone(),
+        extra_keys: Vec::new(),
+    };
+    let ops = Ops::new(pool, schema).with_redaction(redaction);
+    let out = Output { json: cli.json };
+    match cli.command {
+        Command::Status {
+            check,
+            max_age,
+            max_lag,
+        } => {
+            let options = StatusOptions {
+                max_pending_age: max_age,
+                max_consumer_lag: max_lag,
+                ..StatusOptions::default()
+            };
+            status(&ops, &out, check, &options).await
+        }
+        Command::Failed { action } => failed(&ops, &out, action).await,
+        Command::Events { action } => events(&ops, &out, action).await,
+        Command::Blocked {
+            action: BlockedAction::List { limit },
+        } => blocked(&ops, &out, limit).await,
+        Command::Quarantine { consumer, action } => {
+            letters(&ops, &out, &consumer, LetterKind::Quarantined, action).await
+        }
+        Command::DeadLetters { consumer, action } => {
+            letters(&ops, &out, &consumer, LetterKind::DeadLettered, action).await
+        }
+        Command::Audit {
+            action: AuditAction::List { limit, before },
+        } => audit(&ops, &out, limit, before).await,
+        Command::Cleanup {
+            older_than,
+            execute,
+            batch,
+            who,
+        } => cleanup(&ops, &out, older_than, execute, batch, &who).await,
+        Command::Migrate | Command::Registry { .. } => Ok(EXIT_OK),
+    }
+}
+
+fn exit_code_of(code: ExitCode) -> u8 {
+    // The codegen tool uses the same codes: 1 findings, 2 bad input.
+    if code == ExitCode::from(1) {
+        EXIT_PROBLEMS
+    } else {
+        EXIT_USAGE
+    }
+}
+
+/// Human tables or one JSON document.
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn json<T: Serialize>(&self, value: &T) {
+        match serde_json::to_string_pretty(value) {
+            Ok(text) => println!("{text}"),
+            Err(error) => eprintln!("error: cannot render JSON: {error}"),
+        }
+    }
+}
+
+fn ops_error(error: OpsError) -> String {
+    error.to_string()
+}
+
+fn request(who: &Who) -> Result<RepairRequest, String> {
+    let reason = who.reason.clone().unwrap_or_default();
+    let request = match &who.operator {
+        Some(operator) => RepairRequest::new(operator.clone(), reason),
+        None => RepairRequest::by_os_user(reason),
+    };
+    request
+        .map_err(|e| format!("{e} (use --reason \"…\" and, without an OS user, --operator NAME)"))
+}
+
+async fn status(ops: &Ops, out: &Output, check: bool, options: &StatusOptions) -> Outcome {
+    let status = ops.status(options).await.map_err(ops_error)?;
+    if out.json {
+        out.json(&status);
+    } else {
+        let b = &status.backlog;
+        println!(
+            "outbox {}: {} pending, {} retrying, {} failed, {} skipped; oldest pending {}; dead tuples {} (live {})",
+            status.schema,
+            b.pending,
+            b.retrying,
+            b.failed,
+            b.skipped,
+            if b.oldest_pending_age_seconds.is_some() {
+                age(b.oldest_pending_age_seconds)
+            } else {
+                "none".to_owned()
+            },
+            b.dead_tuples,
+            b.live_tuples
+        );
+        if !status.event_types.is_empty() {
+            let mut table = Table::new(&[
+                "EVENT TYPE",
+                "PENDING",
+                "RETRYING",
+                "FAILED",
+                "SKIPPED",
+                "OLDEST PENDING",
+            ]);
+            for t in &status.event_types {
+                table.row(vec![
+                    t.event_type.clone(),
+                    t.pending.to_string(),
+                    t.retrying.to_string(),
+                    t.failed.to_string(),
+                    t.skipped.to_string(),
+                    age(t.oldest_pending_age_seconds),
+                ]);
+            }
+            print!("\n{}", table.render());
+        }
+        if !status.blocked.is_empty() {
+            println!();
+            print!("{}", blocked_table(&status.blocked).render());
+        }
+        if !status.consumers.is_empty() {
+            let mut table = Table::new(&[
+                "CONSUMER",
+                "APPLIED",
+                "DUPLICATES",
+                "LAG",
+                "LAST APPLIED",
+                "PARKED",
+                "OLDEST PARKED",
+                "QUARANTINED",
+                "DEAD LETTERS",
+                "REPLAYS ASKED",
+            ]);
+            for c in &status.consumers {
+                table.row(vec![
+                    c.consumer.clone(),
+                    c.applied.to_string(),
+                    c.duplicates.to_string(),
+                    age(c.lag_seconds),
+                    c.last_applied_at.as_ref().map(when).unwrap_or_default(),
+                    c.parked.to_string(),
+                    age(c.oldest_parked_age_seconds),
+                    c.quarantined.to_string(),
+                    c.dead_lettered.to_string(),
+                    c.replays_requested.to_string(),
+                ]);
+            }
+            print!("\n{}", table.render());
+        }
+        if status.problems.is_empty() {
+            println!("\nno problems");
+        } else {
+            println!("\nproblems:");
+            for problem in &status.problems {
+                println!("  - {problem}");
+            }
+        }
+    }
+    Ok(if check && !status.problems.is_empty() {
+        EXIT_PROBLEMS
+    } else {
+        EXIT_OK
+    })
+}
+
+fn blocked_table(blocked: &[outbox_core::ops::BlockedRecord]) -> Table {
+    let mut table = Table::new(&[
+        "AGGREGATE",
+        "HEAD EVENT",
+        "HEAD STATUS",
+        "BLOCKED SINCE",
+        "LAST ERROR",
+    ]);
+    for b in blocked {
+        table.row(vec![
+            format!("{}/{}", b.aggregate_type, cut(&b.aggregate_id, 40)),
+            b.head_event_id.to_string(),
+            b.head_status.clone(),
+            when(&b.blocked_since),
+            cut(b.last_error.as_deref().unwrap_or(""), 60),
+        ]);
+    }
+    table
+}
+
+fn filter_of(args: &EventFilterArgs, status: EventStatus) -> EventFilter {
+    EventFilter {
+        status,
+        event_type: args.event_type.clone(),
+        aggregate_type: args.aggregate_type.clone(),
+        aggregate_id: args.aggregate_id.clone(),
+        since: args.since,
+        until: args.until,
+        error_contains: args.error.clone(),
+        after: None,
+        limit: None,
+    }
+}
+
+fn print_events(out: &Output, page: &Page<EventRecord>) {
+    if out.json {
+        out.json(page);
+        return;
+    }
+    let mut table = Table::new(&[
+        "EVENT ID",
+        "TYPE",
+        "AGGREGATE",
+        "VERSION",
+        "STATUS",
+        "ATTEMPTS",
+        "LAST ERROR",
+    ]);
+    for e in &page.items {
+        table.row(vec![
+            e.id.to_string(),
+            format!("{} v{}", e.event_type, e.schema_version),
+            format!("{}/{}", e.aggregate_type, cut(&e.aggregate_id, 40)),
+            e.aggregate_version.to_string(),
+            e.status.clone(),
+            e.attempts.to_string(),
+            cut(e.last_error.as_deref().unwrap_or(""), 60),
+        ]);
+    }
+    print!("{}", table.render());
+    print_next(page.next, "--after");
+}
+
+fn print_next(next: Option<i64>, flag: &str) {
+    if let Some(next) = next {
+        println!("(more: {flag} {next})");
+    }
+}
+
+fn print_event(out: &Output, event: &EventRecord) {
+    if out.json {
+        out.json(event);
+        return;
+    }
+    let lines = [
+        ("event id", event.id.to_string()),
+        (
+            "event type",
+            format!("{} v{}", event.event_type, event.schema_version),
+        ),
+        (
+            "aggregate",
+            format!(
+                "{}/{} at version {}",
+                event.aggregate_type, event.aggregate_id, event.aggregate_version
+            ),
+        ),
+        ("status", event.status.clone()),
+        ("emitted", when(&event.created_at)),
+        ("published", opt(&event.published_at.as_ref().map(when))),
+        ("failed", opt(&event.failed_at.as_ref().map(when))),
+        ("attempts", event.attempts.to_string()),
+        ("last error", opt(&event.last_error)),
+        ("traceparent", opt(&event.traceparent)),
+    ];
+    for (name, value) in lines {
+        println!("{name:<12} {}", if value.is_empty() { "-" } else { &value });
+    }
+    println!(
+        "payload\n{}",
+        serde_json::to_string_pretty(&event.payload).unwrap_or_default()
+    );
+}
+
+async fn failed(ops: &Ops, out: &Output, action: FailedAction) -> Outcome {
+    match action {
+        FailedAction::List {
+            filter,
+            limit,
+            after,
+        } => {
+            let page = ops
+                .events(&EventFilter {
+                    limit,
+                    after,
+                    ..filter_of(&filter, EventStatus::Failed)
+                })
+                .await
+                .map_err(ops_error)?;
+            print_events(out, &page);
+            Ok(EXIT_OK)
+        }
+        FailedAction::Show { id } => show_event(ops, out, id).await,
+        FailedAction::Retry(args) => {
+            let (ids, request) = select_events(ops, &args, EventStatus::Failed, "retry").await?;
+            let report = ops.retry_failed(&ids, &request).await.map_err(ops_error)?;
+            print_report(out, "retried", &report);
+            Ok(EXIT_OK)
+        }
+        FailedAction::Skip(args) => {
+            let (ids, request) = select_events(ops, &args, EventStatus::Failed, "skip").await?;
+            let report = ops.skip_failed(&ids, &request).await.map_err(ops_error)?;
+            print_report(out, "skipped", &report);
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+async fn events(ops: &Ops, out: &Output, action: EventsAction) -> Outcome {
+    match action {
+        EventsAction::List {
+            status,
+            filter,
+            limit,
+            after,
+        } => {
+            let status = EventStatus::from_name(&status).ok_or_else(|| {
+                format!("unknown status {status:?}; use pending, published, failed or skipped")
+            })?;
+            let page = ops
+                .events(&EventFilter {
+                    limit,
+                    after,
+                    ..filter_of(&filter, status)
+                })
+                .await
+                .map_err(ops_error)?;
+            print_events(out, &page);
+            Ok(EXIT_OK)
+        }
+        EventsAction::Show { id } => show_event(ops, out, id).await,
+        EventsAction::Republish(args) => {
+            let (ids, request) =
+                select_events(ops, &args, EventStatus::Published, "publish again").await?;
+            let report = ops.republish(&ids, &request).await.map_err(ops_error)?;
+            print_report(out, "republished", &report);
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+async fn show_event(ops: &Ops, out: &Output, id: uuid::Uuid) -> Outcome {
+    match ops.event(id).await.map_err(ops_error)? {
+        Some(event) => {
+            print_event(out, &event);
+            Ok(EXIT_OK)
+        }
+        None => Err(format!("no event {id}")),
+    }
+}
+
+/// The ids of a repair: given explicitly, or found by filters with an
+/// explicit limit and a confirmation (`--yes`, or `y` on a terminal).
+async fn select_events(
+    ops: &Ops,
+    args: &EventRepairArgs,
+    status: EventStatus,
+    verb: &str,
+) -> Result<(Vec<uuid::Uuid>, RepairRequest), String> {
+    let request = request(&args.who)?;
+    if !args.ids.is_empty() {
+        if !args.filter.is_empty() {
+            return Err("give either --id or filters, not both".to_owned());
+        }
+        return Ok((args.ids.clone(), request));
+    }
+    if args.filter.is_empty() {
+        return Err(format!(
+            "name the events to {verb}: --id ID (repeatable), or filters (--event-type, --aggregate-type, --aggregate-id, --since, --until, --error) with --limit N; there is no repair of everything"
+        ));
+    }
+    let Some(limit) = args.limit else {
+        return Err(format!(
+            "a repair by filter needs an explicit --limit (at most {})",
+            outbox_core::ops::MAX_REPAIR_IDS
+        ));
+    };
+    let page = ops
+        .events(&EventFilter {
+            limit: Some(limit),
+            ..filter_of(&args.filter, status)
+        })
+        .await
+        .map_err(ops_error)?;
+    let ids: Vec<uuid::Uuid> = page.items.iter().map(|e| e.id).collect();
+    if ids.is_empty() {
+        return Err("no event matches the filters; nothing was changed".to_owned());
+    }
+    confirm(&format!("{verb} {} event(s)", ids.len()), args.yes)?;
+    Ok((ids, request))
+}
+
+fn confirm(what: &str, yes: bool) -> Result<(), String> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(format!(
+            "{what}: confirm with --yes (no terminal to ask); nothing was changed"
+        ));
+    }
+    eprint!("{what}? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut answer);
+    if matches!(answer.trim(), "y" | "Y" | "yes") {
+        Ok(())
+    } else {
+        Err("not confirmed; nothing was changed".to_owned())
+    }
+}
+
+fn print_report(out: &Output, done: &str, report: &RepairReport) {
+    if out.json {
+        out.json(report);
+        return;
+    }
+    let mut table = Table::new(&["ID", "OUTCOME", "DETAIL"]);
+    for o in &report.outcomes {
+        table.row(vec![
+            o.id.clone(),
+            o.outcome.clone(),
+            o.detail.clone().unwrap_or_default(),
+        ]);
+    }
+    print!("{}", table.render());
+    println!(
+        "{} of {} {done}; audit row {}",
+        report.count(done),
+        report.outcomes.len(),
+        report.audit_id
+    );
+}
+
+async fn blocked(ops: &Ops, out: &Output, limit: i64) -> Outcome {
+    let blocked = ops.blocked(limit).await.map_err(ops_error)?;
+    if out.json {
+        out.json(&blocked);
+    } else {
+        print!("{}", blocked_table(&blocked).render());
+    }
+    Ok(EXIT_OK)
+}
+
+fn print_letters(out: &Output, page: &Page<LetterRecord>) {
+    if out.json {
+        out.json(page);
+        return;
+    }
+    let mut table = Table::new(&[
+        "ID",
+        "EVENT",
+        "AGGREGATE",
+        "WRITTEN",
+        "REPLAYS",
+        "STATE",
+        "REASON",
+    ]);
+    for l in &page.items {
+        let state = if let Some(resolution) = &l.resolution {
+            cut(resolution, 30)
+        } else if l.replay_requested_at.is_some() {
+            "replay asked".to_owned()
+        } else {
+            "open".to_owned()
+        };
+        table.row(vec![
+            l.id.to_string(),
+            match (&l.event_type, l.schema_version) {
+                (Some(t), Some(v)) => format!("{t} v{v}"),
+                (Some(t), None) => t.clone(),
+                _ => String::new(),
+            },
+            match (&l.aggregate_type, &l.aggregate_id, l.aggregate_version) {
+                (Some(t), Some(i), Some(v)) => format!("{t}/{}@{v}", cut(i, 30)),
+                _ => String::new(),
+            },
+            when(&l.created_at),
+            l.replays.to_string(),
+            state,
+            cut(&l.reason, 70),
+        ]);
+    }
+    print!("{}", table.render());
+    print_next(page.next, "--after");
+}
+
+fn print_letter(out: &Output, letter: &LetterRecord) {
+    if out.json {
+        out.json(letter);
+        return;
+    }
+    let lines = [
+        ("letter", letter.id.to_string()),
+        ("consumer", letter.consumer.clone()),
+        ("kind", letter.kind.clone()),
+        ("event id", opt(&letter.event_id)),
+        (
+            "event type",
+            match (&letter.event_type, letter.schema_version) {
+                (Some(t), Some(v)) => format!("{t} v{v}"),
+                _ => String::new(),
+            },
+        ),
+        (
+            "aggregate",
+            match (
+                &letter.aggregate_type,
+                &letter.aggregate_id,
+                letter.aggregate_version,
+            ) {
+                (Some(t), Some(i), Some(v)) => format!("{t}/{i} at version {v}"),
+                _ => String::new(),
+            },
+        ),
+        ("written", when(&letter.created_at)),
+        ("attempts", letter.attempts.to_string()),
+        ("reason", letter.reason.clone()),
+        ("replays", letter.replays.to_string()),
+        ("last replay", opt(&letter.last_replay_error)),
+        (
+            "replay asked",
+            opt(&letter.replay_requested_at.as_ref().map(when)),
+        ),
+        ("resolved", opt(&letter.resolved_at.as_ref().map(when))),
+        ("resolution", opt(&letter.resolution)),
+    ];
+    for (name, value) in lines {
+        println!("{name:<12} {}", if value.is_empty() { "-" } else { &value });
+    }
+    println!(
+        "headers\n{}",
+        serde_json::to_string_pretty(&letter.headers).unwrap_or_default()
+    );
+    println!(
+        "payload\n{}",
+        serde_json::to_string_pretty(&letter.payload).unwrap_or_default()
+    );
+}
+
+async fn letters(
+    ops: &Ops,
+    out: &Output,
+    consumer: &str,
+    kind: LetterKind,
+    action: LetterAction,
+) -> Outcome {
+    match action {
+        LetterAction::List {
+            filter,
+            all,
+            limit,
+            after,
+        } => {
+            let page = ops
+                .letters(&LetterFilter {
+                    include_resolved: all,
+                    after,
+                    limit,
+                    ..letter_filter_of(consumer, kind, filter)
+                })
+                .await
+                .map_err(ops_error)?;
+            print_letters(out, &page);
+            Ok(EXIT_OK)
+        }
+        LetterAction::Show { id } => match ops.letter(consumer, id).await.map_err(ops_error)? {
+            Some(letter) if letter.kind == kind.as_str() => {
+                print_letter(out, &letter);
+                Ok(EXIT_OK)
+            }
+            Some(letter) => Err(format!(
+                "letter {id} of {consumer} is {}, not {}",
+                letter.kind,
+                kind.as_str()
+            )),
+            None => Err(format!("no letter {id} of consumer {consumer}")),
+        },
+        LetterAction::Replay { select, wait } => {
+            let (ids, request) = select_letters(ops, consumer, kind, select, "replay").await?;
+            let report = ops
+                .request_replay(consumer, &ids, &request)
+                .await
+                .map_err(ops_error)?;
+            if let Some(wait) = wait {
+                return wait_for_replays(ops, out, consumer, &ids, report.audit_id, wait).await;
+            }
+            print_report(out, "replay_requested", &report);
+            Ok(EXIT_OK)
+        }
+        LetterAction::Discard { select } => {
+            let (ids, request) = select_letters(ops, consumer, kind, select, "discard").await?;
+            let report = ops
+                .discard(consumer, &ids, &request)
+                .await
+                .map_err(ops_error)?;
+            print_report(out, "discarded", &report);
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+fn letter_filter_of(consumer: &str, kind: LetterKind, filter: LetterFilterArgs) -> LetterFilter {
+    LetterFilter {
+        consumer: consumer.to_owned(),
+        kind,
+        event_type: filter.event_type,
+        aggregate_type: filter.aggregate_type,
+        aggregate_id: filter.aggregate_id,
+        since: filter.since,
+        until: filter.until,
+        reason_contains: filter.error,
+        ..LetterFilter::default()
+    }
+}
+
+/// The letters a repair names: explicit ids, or open letters matching
+/// filters with an explicit limit and a confirmation. The reason is checked
+/// first, so a repair without one is refused before anything is read.
+async fn select_letters(
+    ops: &Ops,
+    consumer: &str,
+    kind: LetterKind,
+    select: LetterRepairArgs,
+    verb: &str,
+) -> Result<(Vec<i64>, RepairRequest), String> {
+    let request = request(&select.who)?;
+    if !select.ids.is_empty() {
+        if !select.filter.is_empty() || select.limit.is_some() {
+            return Err("give either --id or filters with --limit, not both".to_owned());
+        }
+        return Ok((select.ids, request));
+    }
+    if select.filter.is_empty() {
+        return Err(format!(
+            "name the letters to {verb}: --id ID (repeatable), or filters (--event-type, --aggregate-type, --aggregate-id, --since, --until, --error) with --limit N; there is no repair of everything"
+        ));
+    }
+    let Some(limit) = select.limit else {
+        return Err(format!(
+            "a repair by filter needs an explicit --limit (at most {})",
+            outbox_core::ops::MAX_REPAIR_IDS
+        ));
+    };
+    let page = ops
+        .letters(&LetterFilter {
+            limit: Some(limit),
+            ..letter_filter_of(consumer, kind, select.filter)
+        })
+        .await
+        .map_err(ops_error)?;
+    let ids: Vec<i64> = page.items.iter().map(|l| l.id).collect();
+    if ids.is_empty() {
+        return Err("no open letter matches the filters; nothing was changed".to_owned());
+    }
+    confirm(
+        &format!("{verb} {} letter(s) of {consumer}", ids.len()),
+        select.yes,
+    )?;
+    Ok((ids, request))
+}
+
+/// Waits until the consumer ran the requested replays, then shows what
+/// each did; exits 1 when a replay left its letter open.
+async fn wait_for_replays(
+    ops: &Ops,
+    out: &Output,
+    consumer: &str,
+    ids: &[i64],
+    audit_id: i64,
+    wait: Duration,
+) -> Outcome {
+    let deadline = Instant::now() + wait;
+    loop {
+        let waiting = ops
+            .replays_waiting(consumer, ids)
+            .await
+            .map_err(ops_error)?;
+        if waiting == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{waiting} replay(s) still waiting for consumer {consumer} after {}: is it running? They run when it does (audit row {audit_id})",
+                age(Some(wait.as_secs_f64()))
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let row = ops
+        .audit_entry(audit_id)
+        .await
+        .map_err(ops_error)?
+        .ok_or_else(|| format!("audit row {audit_id} is gone"))?;
+    let ran: Vec<&serde_json::Value> = row
+        .outcomes
+        .as_array()
+        .map(|all| all.iter().filter(|o| o.get("ran_at").is_some()).collect())
+        .unwrap_or_default();
+    let open = ran
+        .iter()
+        .filter(|o| {
+            matches!(
+                o.get("outcome").and_then(serde_json::Value::as_str),
+                Some("failed" | "still_unreadable" | "not_found")
+            )
+        })
+        .count();
+    if out.json {
+        out.json(&row);
+    } else {
+        let mut table = Table::new(&["LETTER", "OUTCOME", "DETAIL"]);
+        for o in &ran {
+            let text = |key: &str| o.get(key).and_then(serde_json::Value::as_str).unwrap_or("");
+            let detail = ["error", "reason"]
+                .iter()
+                .map(|k| text(k))
+                .find(|t| !t.is_empty())
+                .map(str::to_owned)
+                .or_else(|| {
+                    o.get("waiting_for")
+                        .map(|v| format!("waits for version {v}"))
+                })
+                .or_else(|| o.get("position").map(|v| format!("position {v}")))
+                .unwrap_or_default();
+            table.row(vec![
+                text("id").to_owned(),
+                text("outcome").to_owned(),
+                cut(&detail, 80),
+            ]);
+        }
+        print!("{}", table.render());
+        println!(
+            "{} of {} replay(s) ran by {consumer} closed their letter; audit row {audit_id}",
+            ran.len() - open,
+            ran.len()
+        );
+    }
+    Ok(if open == 0 { EXIT_OK } else { EXIT_PROBLEMS })
+}
+
+async fn audit(ops: &Ops, out: &Output, limit: Option<i64>, before: Option<i64>) -> Outcome {
+    let page = ops.audit(before, limit).await.map_err(ops_error)?;
+    if out.json {
+        out.json(&page);
+        return Ok(EXIT_OK);
+    }
+    let mut table = Table::new(&["ID", "AT", "OPERATOR", "ACTION", "TARGET", "IDS", "REASON"]);
+    for a in &page.items {
+        table.row(vec![
+            a.id.to_string(),
+            when(&a.at),
+            a.operator.clone(),
+            a.action.clone(),
+            a.target.clone(),
+            cut(&a.ids.join(","), 40),
+            cut(&a.reason, 60),
+        ]);
+    }
+    print!("{}", table.render());
+    print_next(page.next, "--before");
+    Ok(EXIT_OK)
+}
+
+async fn cleanup(
+    ops: &Ops,
+    out: &Output,
+    older_than: Duration,
+    execute: bool,
+    batch: i64,
+    who: &Who,
+) -> Outcome {
+    let request = if execute {
+        request(who)?
+    } else {
+        // A dry run changes nothing and needs no reason.
+        RepairRequest::new("dry-run", "dry run").map_err(|e| e.to_string())?
+    };
+    let bar = (execute && !out.json && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} published events deleted ({per_sec}, {eta} left)",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let report = ops
+        .cleanup(older_than, batch, execute, &request, |deleted, eligible| {
+            if let Some(bar) = &bar {
+                bar.set_length(deleted.max(u64::try_from(eligible).unwrap_or(0)));
+                bar.set_position(deleted);
+            }
+        })
+        .await
+        .map_err(ops_error)?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if out.json {
+        out.json(&report);
+    } else if report.executed {
+        println!(
+            "deleted {} published events and {} idempotency keys older than {}; audit row {}",
+            report.deleted,
+            report.keys_deleted,
+            age(Some(older_than.as_secs_f64())),
+            opt(&report.audit_id)
+        );
+    } else {
+        println!(
+            "dry run: {} published events are older than {}; run with --execute --reason \"…\" to delete them",
+            report.eligible,
+            age(Some(older_than.as_secs_f64()))
+        );
+    }
+    Ok(EXIT_OK)
+}

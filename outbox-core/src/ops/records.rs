@@ -1,0 +1,443 @@
+//! What the operations API lists and shows: events by status, letters
+//! (quarantine and dead letters) of a consumer, audit rows; their filters
+//! and keyset pages. Payloads are shown redacted.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::{Ops, OpsError};
+
+/// A page of a listing and the cursor of the next one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Page<T> {
+    /// The records, oldest first (audit: newest first).
+    pub items: Vec<T>,
+    /// Pass as `after` (events, letters) or `before` (audit) for the next
+    /// page; `None` when this one is the last.
+    pub next: Option<i64>,
+}
+
+/// An outbox event's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventStatus {
+    /// Waiting to be published (or retrying).
+    Pending,
+    /// Acknowledged by the broker.
+    Published,
+    /// Gave up after its attempts; blocks its aggregate unless skipped.
+    #[default]
+    Failed,
+    /// A failed head an operator skipped; never published.
+    Skipped,
+}
+
+impl EventStatus {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventStatus::Pending => "pending",
+            EventStatus::Published => "published",
+            EventStatus::Failed => "failed",
+            EventStatus::Skipped => "skipped",
+        }
+    }
+
+    /// The status with a stored name.
+    pub fn from_name(name: &str) -> Option<EventStatus> {
+        [
+            EventStatus::Pending,
+            EventStatus::Published,
+            EventStatus::Failed,
+            EventStatus::Skipped,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+}
+
+/// Which events to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventFilter {
+    /// Their status (default failed).
+    pub status: EventStatus,
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    pub aggregate_id: Option<String>,
+    /// Failed (or, for other statuses, emitted) at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Failed (or emitted) before.
+    pub until: Option<DateTime<Utc>>,
+    /// The last error contains this text (any case).
+    pub error_contains: Option<String>,
+    /// After this cursor (a page's `next`).
+    pub after: Option<i64>,
+    /// At most this many (default 50, at most 1,000).
+    pub limit: Option<i64>,
+}
+
+/// One outbox event as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventRecord {
+    /// The event id.
+    pub id: Uuid,
+    /// Its insertion order (the listing cursor).
+    pub seq: i64,
+    /// The event type.
+    pub event_type: String,
+    /// The schema version.
+    pub schema_version: i32,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The aggregate version.
+    pub aggregate_version: i64,
+    /// The payload, redacted.
+    pub payload: serde_json::Value,
+    /// The W3C trace context of the emitting command.
+    pub traceparent: Option<String>,
+    /// When it was emitted.
+    pub created_at: DateTime<Utc>,
+    /// Its state.
+    pub status: String,
+    /// When the broker acknowledged it.
+    pub published_at: Option<DateTime<Utc>>,
+    /// Publish attempts.
+    pub attempts: i32,
+    /// When it is tried again (pending).
+    pub next_attempt_at: DateTime<Utc>,
+    /// The last publish error (or, for a skipped event, who skipped it and why).
+    pub last_error: Option<String>,
+    /// When it moved to failed.
+    pub failed_at: Option<DateTime<Utc>>,
+}
+
+/// Quarantine or dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LetterKind {
+    /// Messages the consumer could not read.
+    #[default]
+    Quarantined,
+    /// Messages whose handler failed for good.
+    DeadLettered,
+}
+
+impl LetterKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LetterKind::Quarantined => "quarantined",
+            LetterKind::DeadLettered => "dead_lettered",
+        }
+    }
+}
+
+/// Which letters of a consumer to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LetterFilter {
+    /// The consumer (required).
+    pub consumer: String,
+    /// Quarantine or dead letters.
+    pub kind: LetterKind,
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Only this aggregate id.
+    pub aggregate_id: Option<String>,
+    /// Written at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// Written before.
+    pub until: Option<DateTime<Utc>>,
+    /// The reason contains this text (any case).
+    pub reason_contains: Option<String>,
+    /// Closed ones too (default: open only).
+    pub include_resolved: bool,
+    /// After this cursor (a page's `next`).
+    pub after: Option<i64>,
+    /// At most this many (default 50, at most 1,000).
+    pub limit: Option<i64>,
+}
+
+/// One quarantine or dead-letter row as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LetterRecord {
+    /// The letter's id (what replay and discard take).
+    pub id: i64,
+    /// The consumer.
+    pub consumer: String,
+    /// `quarantined` or `dead_lettered`.
+    pub kind: String,
+    /// The event id, when it could be read.
+    pub event_id: Option<Uuid>,
+    /// The event type, when it could be read.
+    pub event_type: Option<String>,
+    /// The schema version, when it could be read.
+    pub schema_version: Option<i32>,
+    /// The aggregate type, when it could be read.
+    pub aggregate_type: Option<String>,
+    /// The aggregate id, when it could be read.
+    pub aggregate_id: Option<String>,
+    /// The aggregate version, when it could be read.
+    pub aggregate_version: Option<i64>,
+    /// The message's CloudEvents attributes.
+    pub headers: serde_json::Value,
+    /// The payload, redacted.
+    pub payload: serde_json::Value,
+    /// Why it is here.
+    pub reason: String,
+    /// Deliveries or handler starts before it landed here.
+    pub attempts: i32,
+    /// When.
+    pub created_at: DateTime<Utc>,
+    /// When it was closed.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// How (`replayed: applied`, `discarded: …`).
+    pub resolution: Option<String>,
+    /// Replays tried.
+    pub replays: i32,
+    /// Why the last replay did not close it.
+    pub last_replay_error: Option<String>,
+    /// A replay an operator asked for, not yet run by the consumer.
+    pub replay_requested_at: Option<DateTime<Utc>>,
+}
+
+/// One audit row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditRecord {
+    /// Its id.
+    pub id: i64,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// Who.
+    pub operator: String,
+    /// Why.
+    pub reason: String,
+    /// What (`relay.retry`, `consumer.replay`, …).
+    pub action: String,
+    /// On what (the relay or a consumer).
+    pub target: String,
+    /// The ids named.
+    pub ids: Vec<String>,
+    /// What happened to each.
+    pub outcomes: serde_json::Value,
+}
+
+fn page_limit(limit: Option<i64>) -> i64 {
+    limit.unwrap_or(50).clamp(1, 1000)
+}
+
+impl Ops {
+    /// Events with a status, filtered, oldest first.
+    pub async fn events(&self, filter: &EventFilter) -> Result<Page<EventRecord>, OpsError> {
+        let limit = page_limit(filter.limit);
+        let rows = sqlx::query(AssertSqlSafe(self.sql.events.as_str()))
+            .bind(filter.status.as_str())
+            .bind(&filter.event_type)
+            .bind(&filter.aggregate_type)
+            .bind(&filter.aggregate_id)
+            .bind(filter.since)
+            .bind(filter.until)
+            .bind(&filter.error_contains)
+            .bind(filter.after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(OpsError::database("listing events"))?;
+        let items = rows
+            .iter()
+            .map(|row| self.event_record(row))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(OpsError::database("reading events"))?;
+        let next = (items.len() as i64 == limit)
+            .then(|| items.last().map(|e| e.seq))
+            .flatten();
+        Ok(Page { items, next })
+    }
+
+    /// One event by id.
+    pub async fn event(&self, id: Uuid) -> Result<Option<EventRecord>, OpsError> {
+        let row = sqlx::query(AssertSqlSafe(self.sql.event.as_str()))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(OpsError::database("reading an event"))?;
+        row.map(|row| self.event_record(&row))
+            .transpose()
+            .map_err(OpsError::database("reading an event"))
+    }
+
+    fn event_record(&self, row: &sqlx::postgres::PgRow) -> Result<EventRecord, sqlx::Error> {
+        let event_type: String = row.try_get("event_type")?;
+        let schema_version: i32 = row.try_get("schema_version")?;
+        let payload: String = row.try_get("payload")?;
+        Ok(EventRecord {
+            id: row.try_get("id")?,
+            seq: row.try_get("seq")?,
+            payload: self.redaction.show(
+                Some(&event_type),
+                u32::try_from(schema_version).ok(),
+                &payload,
+            ),
+            event_type,
+            schema_version,
+            aggregate_type: row.try_get("aggregate_type")?,
+            aggregate_id: row.try_get("aggregate_id")?,
+            aggregate_version: row.try_get("aggregate_version")?,
+            traceparent: row.try_get("traceparent")?,
+            created_at: row.try_get("created_at")?,
+            status: row.try_get("status")?,
+            published_at: row.try_get("published_at")?,
+            attempts: row.try_get("attempt_count")?,
+            next_attempt_at: row.try_get("next_attempt_at")?,
+            last_error: row.try_get("last_error")?,
+            failed_at: row.try_get("failed_at")?,
+        })
+    }
+
+    /// Letters of a consumer, filtered, oldest first.
+    pub async fn letters(&self, filter: &LetterFilter) -> Result<Page<LetterRecord>, OpsError> {
+        let limit = page_limit(filter.limit);
+        let rows = sqlx::query(AssertSqlSafe(self.sql.letters.as_str()))
+            .bind(&filter.consumer)
+            .bind(filter.kind.as_str())
+            .bind(&filter.event_type)
+            .bind(&filter.aggregate_type)
+            .bind(&filter.aggregate_id)
+            .bind(filter.since)
+            .bind(filter.until)
+            .bind(&filter.reason_contains)
+            .bind(filter.after)
+            .bind(limit)
+            .bind(filter.include_resolved)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(OpsError::database("listing letters"))?;
+        let items = rows
+            .iter()
+            .map(|row| self.letter_record(row))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(OpsError::database("reading letters"))?;
+        let next = (items.len() as i64 == limit)
+            .then(|| items.last().map(|l| l.id))
+            .flatten();
+        Ok(Page { items, next })
+    }
+
+    /// One letter of a consumer by id.
+    pub async fn letter(&self, consumer: &str, id: i64) -> Result<Option<LetterRecord>, OpsError> {
+        let row = sqlx::query(AssertSqlSafe(self.sql.letter.as_str()))
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(OpsError::database("reading a letter"))?;
+        row.map(|row| self.letter_record(&row))
+            .transpose()
+            .map_err(OpsError::database("reading a letter"))
+    }
+
+    fn letter_record(&self, row: &sqlx::postgres::PgRow) -> Result<LetterRecord, sqlx::Error> {
+        let event_type: Option<String> = row.try_get("event_type")?;
+        let schema_version: Option<i32> = row.try_get("schema_version")?;
+        let payload: Vec<u8> = row.try_get("payload")?;
+        let headers: String = row.try_get("headers")?;
+        Ok(LetterRecord {
+            id: row.try_get("id")?,
+            consumer: row.try_get("consumer_name")?,
+            kind: row.try_get("kind")?,
+            event_id: row.try_get("event_id")?,
+            payload: self.redaction.show_bytes(
+                event_type.as_deref(),
+                schema_version.and_then(|v| u32::try_from(v).ok()),
+                &payload,
+            ),
+            event_type,
+            schema_version,
+            aggregate_type: row.try_get("aggregate_type")?,
+            aggregate_id: row.try_get("aggregate_id")?,
+            aggregate_version: row.try_get("aggregate_version")?,
+            headers: serde_json::from_str(&headers).unwrap_or(serde_json::Value::Null),
+            reason: row.try_get("reason")?,
+            attempts: row.try_get("attempts")?,
+            created_at: row.try_get("created_at")?,
+            resolved_at: row.try_get("resolved_at")?,
+            resolution: row.try_get("resolution")?,
+            replays: row.try_get("replays")?,
+            last_replay_error: row.try_get("last_replay_error")?,
+            replay_requested_at: row.try_get("replay_requested_at")?,
+        })
+    }
+
+    /// Audit rows, newest first; `before` is a page's `next`.
+    pub async fn audit(
+        &self,
+        before: Option<i64>,
+        limit: Option<i64>,
+    ) -> Result<Page<AuditRecord>, OpsError> {
+        let limit = page_limit(limit);
+        let rows = sqlx::query(AssertSqlSafe(self.sql.audit.as_str()))
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(OpsError::database("listing the audit"))?;
+        let items = rows
+            .iter()
+            .map(audit_record)
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(OpsError::database("reading the audit"))?;
+        let next = (items.len() as i64 == limit)
+            .then(|| items.last().map(|a| a.id))
+            .flatten();
+        Ok(Page { items, next })
+    }
+
+    /// One audit row.
+    pub async fn audit_entry(&self, id: i64) -> Result<Option<AuditRecord>, OpsError> {
+        sqlx::query(AssertSqlSafe(self.sql.audit_entry.as_str()))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(OpsError::database("reading an audit row"))?
+            .as_ref()
+            .map(audit_record)
+            .transpose()
+            .map_err(OpsError::database("reading an audit row"))
+    }
+
+    /// How many of `letter_ids` still wait for their consumer to run a
+    /// requested replay.
+    pub async fn replays_waiting(
+        &self,
+        consumer: &str,
+        letter_ids: &[i64],
+    ) -> Result<i64, OpsError> {
+        sqlx::query_scalar(AssertSqlSafe(self.sql.replays_waiting.as_str()))
+            .bind(consumer)
+            .bind(letter_ids)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(OpsError::database("counting waiting replays"))
+    }
+}
+
+fn audit_record(row: &sqlx::postgres::PgRow) -> Result<AuditRecord, sqlx::Error> {
+    Ok(AuditRecord {
+        id: row.try_get("id")?,
+        at: row.try_get("at")?,
+        operator: row.try_get("operator")?,
+        reason: row.try_get("reason")?,
+        action: row.try_get("action")?,
+        target: row.try_get("target")?,
+        ids: row.try_get("ids")?,
+        outcomes: row.try_get("outcomes")?,
+    })
+}

@@ -1,0 +1,452 @@
+//! Repairs, always by id and with a reason: failed events retried or
+//! skipped, published events published again, letters of a consumer
+//! replayed (by the running consumer, which has the handlers) or discarded,
+//! published rows cleaned up. Each repair is one transaction that also
+//! writes its audit row: who, when, why, which ids, what happened to each.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::{MAX_REPAIR_IDS, Ops, OpsError};
+use crate::audit::{RepairError, RepairRequest};
+
+/// What a repair did to one id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IdOutcome {
+    /// The id as given.
+    pub id: String,
+    /// `retried`, `skipped`, `republished`, `replay_requested`, `discarded`,
+    /// `not_failed`, `not_published`, `already_resolved`, `not_found`.
+    pub outcome: String,
+    /// More words, when there are any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// What a repair did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RepairReport {
+    /// The audit row.
+    pub audit_id: i64,
+    /// One outcome per id, in the order given.
+    pub outcomes: Vec<IdOutcome>,
+}
+
+impl RepairReport {
+    /// How many ids got `outcome`.
+    pub fn count(&self, outcome: &str) -> usize {
+        self.outcomes
+            .iter()
+            .filter(|o| o.outcome == outcome)
+            .count()
+    }
+}
+
+/// What a cleanup did (or would do).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CleanupReport {
+    /// Published rows older than the age (before the cleanup).
+    pub eligible: i64,
+    /// Published rows deleted (0 on a dry run).
+    pub deleted: u64,
+    /// Idempotency keys deleted (0 on a dry run).
+    pub keys_deleted: u64,
+    /// Whether rows were deleted.
+    pub executed: bool,
+    /// The audit row, when executed.
+    pub audit_id: Option<i64>,
+}
+
+fn check_ids<T>(ids: &[T]) -> Result<(), OpsError> {
+    if ids.is_empty() {
+        return Err(RepairError::NoIds.into());
+    }
+    if ids.len() > MAX_REPAIR_IDS {
+        return Err(OpsError::TooMany {
+            given: ids.len(),
+            max: MAX_REPAIR_IDS,
+        });
+    }
+    Ok(())
+}
+
+fn outcomes_json(outcomes: &[IdOutcome]) -> serde_json::Value {
+    serde_json::to_value(outcomes).unwrap_or(serde_json::Value::Null)
+}
+
+impl Ops {
+    /// Sets failed events back to pending with their attempts reset. Under
+    /// `FailedHeadPolicy::Block` a failed event is its aggregate's head: the
+    /// claim takes it before the aggregate's later events, so order holds.
+    pub async fn retry_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        self.relay_repair(
+            ids,
+            request,
+            "relay.retry",
+            &self.sql.retry_failed,
+            None,
+            "retried",
+            "not_failed",
+        )
+        .await
+    }
+
+    /// Skips failed heads: the event becomes `skipped` (never published,
+    /// kept for inspection, its last error prefixed with who and why) and
+    /// its aggregate's later events go on.
+    pub async fn skip_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        let note = format!("skipped by {}: {}", request.operator(), request.reason());
+        self.relay_repair(
+            ids,
+            request,
+            "relay.skip",
+            &self.sql.skip_failed,
+            Some(note),
+            "skipped",
+            "not_failed",
+        )
+        .await
+    }
+
+    /// Publishes published events again, with their own event ids:
+    /// consumers that applied them find them in their inbox (a duplicate,
+    /// nothing applied again); consumers that never saw them (a new one, a
+    /// purged stream) apply them. JetStream drops a message whose
+    /// `Nats-Msg-Id` it saw within the stream's duplicate window (2 minutes
+    /// by default), so a republish shortly after the first publish reaches
+    /// no one. Rows removed by retention cannot be republished.
+    pub async fn republish(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        self.relay_repair(
+            ids,
+            request,
+            "relay.republish",
+            &self.sql.republish,
+            None,
+            "republished",
+            "not_published",
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn relay_repair(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+        action: &str,
+        statement: &str,
+        note: Option<String>,
+        done: &str,
+        not_eligible: &str,
+    ) -> Result<RepairReport, OpsError> {
+        check_ids(ids)?;
+        let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(OpsError::database("beginning a repair"))?;
+        let audit_id = self
+            .audit
+            .begin(&mut tx, request, action, "relay", &texts)
+            .await
+            .map_err(OpsError::database("writing the audit row"))?;
+        let mut query = sqlx::query_scalar::<_, Uuid>(AssertSqlSafe(statement)).bind(ids);
+        if let Some(note) = &note {
+            query = query.bind(note);
+        }
+        let changed: HashSet<Uuid> = query
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(OpsError::database("repairing events"))?
+            .into_iter()
+            .collect();
+        let statuses: HashMap<Uuid, String> =
+            sqlx::query(AssertSqlSafe(self.sql.statuses.as_str()))
+                .bind(ids)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(OpsError::database("reading event states"))?
+                .iter()
+                .map(|row| Ok((row.try_get("id")?, row.try_get("status")?)))
+                .collect::<Result<_, sqlx::Error>>()
+                .map_err(OpsError::database("reading event states"))?;
+        let outcomes: Vec<IdOutcome> = ids
+            .iter()
+            .map(|id| {
+                if changed.contains(id) {
+                    IdOutcome {
+                        id: id.to_string(),
+                        outcome: done.to_owned(),
+                        detail: None,
+                    }
+                } else if let Some(status) = statuses.get(id) {
+                    IdOutcome {
+                        id: id.to_string(),
+                        outcome: not_eligible.to_owned(),
+                        detail: Some(format!("its status is {status}")),
+                    }
+                } else {
+                    IdOutcome {
+                        id: id.to_string(),
+                        outcome: "not_found".to_owned(),
+                        detail: Some("no such event (or removed by retention)".to_owned()),
+                    }
+                }
+            })
+            .collect();
+        self.audit
+            .finish(&mut tx, audit_id, &outcomes_json(&outcomes))
+            .await
+            .map_err(OpsError::database("completing the audit row"))?;
+        tx.commit()
+            .await
+            .map_err(OpsError::database("committing a repair"))?;
+        Ok(RepairReport { audit_id, outcomes })
+    }
+
+    /// Asks the running consumer to replay open letters: they are marked,
+    /// and the consumer (which has the handlers) runs each through
+    /// `Consumer::replay` at its next sweep, appending the outcome to this
+    /// repair's audit row. The letter shows `replay_requested_at` until then.
+    pub async fn request_replay(
+        &self,
+        consumer: &str,
+        letter_ids: &[i64],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        self.letter_repair(consumer, letter_ids, request, "consumer.replay", None)
+            .await
+    }
+
+    /// Closes open letters without running them, as `discarded by
+    /// <operator>: <reason>`; they stay listed with `--all`.
+    pub async fn discard(
+        &self,
+        consumer: &str,
+        letter_ids: &[i64],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        let resolution = format!("discarded by {}: {}", request.operator(), request.reason());
+        self.letter_repair(
+            consumer,
+            letter_ids,
+            request,
+            "consumer.discard",
+            Some(resolution),
+        )
+        .await
+    }
+
+    async fn letter_repair(
+        &self,
+        consumer: &str,
+        ids: &[i64],
+        request: &RepairRequest,
+        action: &str,
+        discard: Option<String>,
+    ) -> Result<RepairReport, OpsError> {
+        check_ids(ids)?;
+        let texts: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(OpsError::database("beginning a repair"))?;
+        let audit_id = self
+            .audit
+            .begin(&mut tx, request, action, consumer, &texts)
+            .await
+            .map_err(OpsError::database("writing the audit row"))?;
+        let changed: HashSet<i64> = match &discard {
+            Some(resolution) => {
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.discard.as_str()))
+                    .bind(consumer)
+                    .bind(ids)
+                    .bind(resolution)
+                    .fetch_all(&mut *tx)
+                    .await
+            }
+            None => {
+                sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.request_replay.as_str()))
+                    .bind(consumer)
+                    .bind(ids)
+                    .bind(audit_id)
+                    .fetch_all(&mut *tx)
+                    .await
+            }
+        }
+        .map_err(OpsError::database("repairing letters"))?
+        .into_iter()
+        .collect();
+        let states: HashMap<i64, Option<String>> =
+            sqlx::query(AssertSqlSafe(self.sql.letter_states.as_str()))
+                .bind(consumer)
+                .bind(ids)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(OpsError::database("reading letters"))?
+                .iter()
+                .map(|row| Ok((row.try_get("id")?, row.try_get("resolution")?)))
+                .collect::<Result<_, sqlx::Error>>()
+                .map_err(OpsError::database("reading letters"))?;
+        let done = if discard.is_some() {
+            "discarded"
+        } else {
+            "replay_requested"
+        };
+        let outcomes: Vec<IdOutcome> = ids
+            .iter()
+            .map(|id| {
+                let (outcome, detail) = if changed.contains(id) {
+                    (done, None)
+                } else if let Some(resolution) = states.get(id) {
+                    (
+                        "already_resolved",
+                        Some(resolution.clone().unwrap_or_default()),
+                    )
+                } else {
+                    (
+                        "not_found",
+                        Some(format!("no letter {id} of consumer {consumer}")),
+                    )
+                };
+                IdOutcome {
+                    id: id.to_string(),
+                    outcome: outcome.to_owned(),
+                    detail,
+                }
+            })
+            .collect();
+        self.audit
+            .finish(&mut tx, audit_id, &outcomes_json(&outcomes))
+            .await
+            .map_err(OpsError::database("completing the audit row"))?;
+        tx.commit()
+            .await
+            .map_err(OpsError::database("committing a repair"))?;
+        Ok(RepairReport { audit_id, outcomes })
+    }
+
+    /// Deletes published events older than `older_than` (and idempotency
+    /// keys as old) in batches of `batch`, each batch its own transaction,
+    /// calling `progress(deleted so far, eligible)` after each; with
+    /// `execute` false only counts what would go. Never touches pending,
+    /// failed or skipped events. An executed cleanup writes its audit row
+    /// before the first delete and completes it with the counts at the end.
+    pub async fn cleanup(
+        &self,
+        older_than: Duration,
+        batch: i64,
+        execute: bool,
+        request: &RepairRequest,
+        mut progress: impl FnMut(u64, i64),
+    ) -> Result<CleanupReport, OpsError> {
+        let eligible: i64 =
+            sqlx::query_scalar(AssertSqlSafe(self.sql.count_old_published.as_str()))
+                .bind(older_than.as_secs_f64())
+                .fetch_one(&self.pool)
+                .await
+                .map_err(OpsError::database("counting old published events"))?;
+        if !execute {
+            return Ok(CleanupReport {
+                eligible,
+                deleted: 0,
+                keys_deleted: 0,
+                executed: false,
+                audit_id: None,
+            });
+        }
+        // The audit row is written first, so a cleanup cut short (a crash,
+        // ^C) is on record; its outcome is completed at the end.
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(OpsError::database("acquiring a connection"))?;
+        let audit_id = self
+            .audit
+            .begin(
+                &mut conn,
+                request,
+                "relay.cleanup",
+                "relay",
+                &[format!("published before now - {} s", older_than.as_secs())],
+            )
+            .await
+            .map_err(OpsError::database("writing the audit row"))?;
+        drop(conn);
+        let store = crate::store::PgRelayStore::new(
+            self.pool.clone(),
+            self.schema.clone(),
+            crate::relay::FailedHeadPolicy::Block,
+            Duration::from_secs(120),
+        );
+        let batch = batch.clamp(1, 100_000);
+        let mut deleted = 0;
+        loop {
+            let gone = store
+                .purge_published(older_than, batch)
+                .await
+                .map_err(|e| OpsError::Database {
+                    doing: "deleting published events",
+                    source: e.source,
+                })?;
+            deleted += gone;
+            progress(deleted, eligible);
+            if gone < batch as u64 {
+                break;
+            }
+        }
+        let mut keys_deleted = 0;
+        loop {
+            let gone = store
+                .purge_idempotency_keys(older_than, batch)
+                .await
+                .map_err(|e| OpsError::Database {
+                    doing: "deleting idempotency keys",
+                    source: e.source,
+                })?;
+            keys_deleted += gone;
+            if gone < batch as u64 {
+                break;
+            }
+        }
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(OpsError::database("acquiring a connection"))?;
+        self.audit
+            .finish(
+                &mut conn,
+                audit_id,
+                &serde_json::json!([{"deleted": deleted, "keys_deleted": keys_deleted}]),
+            )
+            .await
+            .map_err(OpsError::database("completing the audit row"))?;
+        Ok(CleanupReport {
+            eligible,
+            deleted,
+            keys_deleted,
+            executed: true,
+            audit_id: Some(audit_id),
+        })
+    }
+}

@@ -1,0 +1,300 @@
+//! The outbox at a glance: the backlog and its age per event type, blocked
+//! aggregates, dead tuples, each consumer's parked messages, quarantine and
+//! dead letters, and the problems a health check should report.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, Row};
+use uuid::Uuid;
+
+use super::{Ops, OpsError};
+
+/// What counts as a problem for [`Status::problems`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusOptions {
+    /// A pending event older than this is a problem (default 5 minutes).
+    pub max_pending_age: Duration,
+    /// Blocked aggregates listed (default 20).
+    pub blocked_limit: i64,
+    /// A consumer whose last applied event was older than this when it was
+    /// applied is a problem (default 5 minutes).
+    pub max_consumer_lag: Duration,
+}
+
+impl Default for StatusOptions {
+    fn default() -> Self {
+        StatusOptions {
+            max_pending_age: Duration::from_secs(300),
+            blocked_limit: 20,
+            max_consumer_lag: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The backlog of the whole outbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Backlog {
+    /// Waiting for their first attempt.
+    pub pending: i64,
+    /// Pending after a failed attempt (in backoff).
+    pub retrying: i64,
+    /// Given up; blocking their aggregate unless skipped.
+    pub failed: i64,
+    /// Failed heads an operator skipped.
+    pub skipped: i64,
+    /// Age of the oldest pending (or retrying) event in seconds.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Dead tuples of the outbox table (VACUUM pressure).
+    pub dead_tuples: i64,
+    /// Live tuples of the outbox table.
+    pub live_tuples: i64,
+}
+
+/// The backlog of one event type.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EventTypeBacklog {
+    /// The event type.
+    pub event_type: String,
+    /// Waiting for their first attempt.
+    pub pending: i64,
+    /// In backoff.
+    pub retrying: i64,
+    /// Given up.
+    pub failed: i64,
+    /// Skipped by an operator.
+    pub skipped: i64,
+    /// Age of its oldest pending event in seconds.
+    pub oldest_pending_age_seconds: Option<f64>,
+}
+
+/// An aggregate whose later events wait behind its head.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BlockedRecord {
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The head event.
+    pub head_event_id: Uuid,
+    /// `pending` (retrying) or `failed`.
+    pub head_status: String,
+    /// The head's last error.
+    pub last_error: Option<String>,
+    /// Since when.
+    pub blocked_since: DateTime<Utc>,
+}
+
+/// One consumer as its tables show it (lag and duplicates are metrics:
+/// `outbox_consumer_lag_seconds`, `outbox_consumer_duplicates_total`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConsumerStatus {
+    /// The consumer.
+    pub consumer: String,
+    /// Messages waiting for a predecessor (strict ordering).
+    pub parked: i64,
+    /// Age of the oldest parked message in seconds.
+    pub oldest_parked_age_seconds: Option<f64>,
+    /// Open quarantine rows.
+    pub quarantined: i64,
+    /// Open dead letters.
+    pub dead_lettered: i64,
+    /// Replays asked for and not yet run.
+    pub replays_requested: i64,
+    /// Events applied (summed over its instances, as of `stats_at`).
+    pub applied: i64,
+    /// Deliveries of events it had applied already (the inbox caught them).
+    pub duplicates: i64,
+    /// When it last applied an event.
+    pub last_applied_at: Option<DateTime<Utc>>,
+    /// How old that event was when it was applied: the consumer's lag then.
+    pub lag_seconds: Option<f64>,
+    /// When its task last wrote these figures (every `sweep_interval`
+    /// while it runs and has done something).
+    pub stats_at: Option<DateTime<Utc>>,
+}
+
+/// The outbox at a glance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Status {
+    /// The schema.
+    pub schema: String,
+    /// The whole backlog.
+    pub backlog: Backlog,
+    /// Per event type with anything unpublished.
+    pub event_types: Vec<EventTypeBacklog>,
+    /// Blocked aggregates, oldest first (up to the limit).
+    pub blocked: Vec<BlockedRecord>,
+    /// Every consumer with positions, parked messages or open letters.
+    pub consumers: Vec<ConsumerStatus>,
+    /// What needs an operator, one line each (empty: healthy).
+    pub problems: Vec<String>,
+}
+
+fn age(at: Option<DateTime<Utc>>) -> Option<f64> {
+    at.map(|at| (Utc::now() - at).to_std().unwrap_or_default().as_secs_f64())
+}
+
+impl Ops {
+    /// Reads the status; `problems` lists what a health check should flag.
+    pub async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {
+        let totals = sqlx::query(AssertSqlSafe(self.sql.totals.as_str()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(OpsError::database("counting the backlog"))?;
+        let table = format!("{}.outbox_events", self.schema.quoted());
+        let (dead_tuples, live_tuples): (i64, i64) =
+            sqlx::query_as(AssertSqlSafe(self.sql.tuples.as_str()))
+                .bind(table)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(OpsError::database("reading table statistics"))?;
+        let read = |doing| OpsError::database(doing);
+        let backlog = Backlog {
+            pending: totals.try_get("pending").map_err(read("reading counts"))?,
+            retrying: totals.try_get("retrying").map_err(read("reading counts"))?,
+            failed: totals.try_get("failed").map_err(read("reading counts"))?,
+            skipped: totals.try_get("skipped").map_err(read("reading counts"))?,
+            oldest_pending_age_seconds: age(totals
+                .try_get("oldest_pending")
+                .map_err(read("reading counts"))?),
+            dead_tuples,
+            live_tuples,
+        };
+        let event_types = sqlx::query(AssertSqlSafe(self.sql.per_event_type.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(OpsError::database("counting per event type"))?
+            .iter()
+            .map(|row| {
+                Ok(EventTypeBacklog {
+                    event_type: row.try_get("event_type")?,
+                    pending: row.try_get("pending")?,
+                    retrying: row.try_get("retrying")?,
+                    failed: row.try_get("failed")?,
+                    skipped: row.try_get("skipped")?,
+                    oldest_pending_age_seconds: age(row.try_get("oldest_pending")?),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(OpsError::database("reading counts per event type"))?;
+        let blocked = self.blocked(options.blocked_limit).await?;
+        let consumers = sqlx::query(AssertSqlSafe(self.sql.consumers.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(OpsError::database("reading consumers"))?
+            .iter()
+            .map(|row| {
+                Ok(ConsumerStatus {
+                    consumer: row.try_get("consumer_name")?,
+                    parked: row.try_get("parked")?,
+                    oldest_parked_age_seconds: age(row.try_get("oldest_parked")?),
+                    quarantined: row.try_get("quarantined")?,
+                    dead_lettered: row.try_get("dead_lettered")?,
+                    replays_requested: row.try_get("replays_requested")?,
+                    applied: row.try_get::<Option<i64>, _>("applied")?.unwrap_or(0),
+                    duplicates: row.try_get::<Option<i64>, _>("duplicates")?.unwrap_or(0),
+                    last_applied_at: row.try_get("last_applied_at")?,
+                    lag_seconds: row.try_get("lag_seconds")?,
+                    stats_at: row.try_get("stats_at")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(OpsError::database("reading consumers"))?;
+        let problems = problems(&backlog, &blocked, &consumers, options);
+        Ok(Status {
+            schema: self.schema.to_string(),
+            backlog,
+            event_types,
+            blocked,
+            consumers,
+            problems,
+        })
+    }
+
+    /// Aggregates whose head still blocks them, oldest first.
+    pub async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
+        let store = crate::store::PgRelayStore::new(
+            self.pool.clone(),
+            self.schema.clone(),
+            crate::relay::FailedHeadPolicy::Block,
+            Duration::from_secs(120),
+        );
+        let blocked = store
+            .blocked_aggregates(limit.clamp(1, 1000))
+            .await
+            .map_err(|e| OpsError::Database {
+                doing: "listing blocked aggregates",
+                source: e.source,
+            })?;
+        Ok(blocked
+            .into_iter()
+            .map(|b| BlockedRecord {
+                aggregate_type: b.aggregate_type,
+                aggregate_id: b.aggregate_id,
+                head_event_id: b.head_event_id,
+                head_status: b.head_status,
+                last_error: b.last_error,
+                blocked_since: b.blocked_since,
+            })
+            .collect())
+    }
+}
+
+fn problems(
+    backlog: &Backlog,
+    blocked: &[BlockedRecord],
+    consumers: &[ConsumerStatus],
+    options: &StatusOptions,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(age) = backlog.oldest_pending_age_seconds
+        && age > options.max_pending_age.as_secs_f64()
+    {
+        problems.push(format!(
+            "the oldest pending event is {age:.0} s old (more than {} s): the relay is behind or stopped",
+            options.max_pending_age.as_secs()
+        ));
+    }
+    if backlog.failed > 0 {
+        problems.push(format!(
+            "{} event(s) failed: see `outbox failed list`",
+            backlog.failed
+        ));
+    }
+    for b in blocked {
+        problems.push(format!(
+            "aggregate {}/{} is blocked by {} ({}): {}",
+            b.aggregate_type,
+            b.aggregate_id,
+            b.head_event_id,
+            b.head_status,
+            b.last_error.as_deref().unwrap_or("no error recorded")
+        ));
+    }
+    for c in consumers {
+        if let Some(lag) = c.lag_seconds
+            && lag > options.max_consumer_lag.as_secs_f64()
+        {
+            problems.push(format!(
+                "consumer {}: its last applied event was {lag:.0} s old (more than {} s): it is behind",
+                c.consumer,
+                options.max_consumer_lag.as_secs()
+            ));
+        }
+        if c.quarantined > 0 {
+            problems.push(format!(
+                "consumer {}: {} message(s) in quarantine",
+                c.consumer, c.quarantined
+            ));
+        }
+        if c.dead_lettered > 0 {
+            problems.push(format!(
+                "consumer {}: {} dead letter(s)",
+                c.consumer, c.dead_lettered
+            ));
+        }
+    }
+    problems
+}

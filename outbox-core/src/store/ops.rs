@@ -1,0 +1,198 @@
+//! The SQL of the operations API: backlog figures, listings with filters
+//! and keyset paging, and the repairs. Every value is a bind parameter;
+//! filters are optional parameters (`$n IS NULL OR …`), text filters match
+//! with `strpos` (no wildcard characters to escape).
+
+use super::SchemaName;
+
+/// The operations statements of one schema.
+#[derive(Debug, Clone)]
+pub(crate) struct OpsSql {
+    /// Counts of unpublished rows. No binds.
+    pub(crate) totals: String,
+    /// Per event type: pending, retrying, failed, skipped, oldest pending.
+    pub(crate) per_event_type: String,
+    /// Dead and live tuples. Binds: regclass text.
+    pub(crate) tuples: String,
+    /// Consumers known from their positions, parked messages and letters,
+    /// with their counts.
+    pub(crate) consumers: String,
+    /// Events by status with filters. Binds: status, event_type,
+    /// aggregate_type, aggregate_id, since, until, error text, after seq,
+    /// limit.
+    pub(crate) events: String,
+    /// One event. Binds: id.
+    pub(crate) event: String,
+    /// Letters with filters. Binds: consumer, kind, event_type,
+    /// aggregate_type, aggregate_id, since, until, reason text, after id,
+    /// limit, include resolved.
+    pub(crate) letters: String,
+    /// One letter. Binds: consumer, id.
+    pub(crate) letter: String,
+    /// Audit rows, newest first. Binds: before id, limit.
+    pub(crate) audit: String,
+    /// Failed events back to pending, attempts reset. Binds: ids.
+    pub(crate) retry_failed: String,
+    /// Failed events to skipped; their blocked rows go. Binds: ids, note.
+    pub(crate) skip_failed: String,
+    /// Published events back to pending. Binds: ids.
+    pub(crate) republish: String,
+    /// The status of events by id. Binds: ids.
+    pub(crate) statuses: String,
+    /// Open letters of a consumer marked for replay. Binds: consumer, ids,
+    /// audit id.
+    pub(crate) request_replay: String,
+    /// Open letters of a consumer closed as discarded. Binds: consumer,
+    /// ids, resolution.
+    pub(crate) discard: String,
+    /// Letters of a consumer that exist, open or not. Binds: consumer, ids.
+    pub(crate) letter_states: String,
+    pub(crate) replays_waiting: String,
+    pub(crate) audit_entry: String,
+    /// Counts published rows older than an age. Binds: seconds.
+    pub(crate) count_old_published: String,
+}
+
+impl OpsSql {
+    pub(crate) fn new(schema: &SchemaName) -> OpsSql {
+        let s = schema.quoted();
+        let event_columns = "id, seq, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version,
+                             payload::text AS payload, traceparent, created_at, status, published_at, attempt_count,
+                             next_attempt_at, last_error, failed_at";
+        let letter_columns = "id, consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
+                              aggregate_id, aggregate_version, headers::text AS headers, payload, reason, attempts,
+                              created_at, resolved_at, resolution, replays, last_replay_error, replay_requested_at";
+        OpsSql {
+            totals: format!(
+                "SELECT count(*) FILTER (WHERE status = 'pending' AND attempt_count = 0) AS pending,
+                        count(*) FILTER (WHERE status = 'pending' AND attempt_count > 0) AS retrying,
+                        count(*) FILTER (WHERE status = 'failed') AS failed,
+                        count(*) FILTER (WHERE status = 'skipped') AS skipped,
+                        min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
+                 FROM {s}.outbox_events WHERE status <> 'published'"
+            ),
+            per_event_type: format!(
+                "SELECT event_type,
+                        count(*) FILTER (WHERE status = 'pending' AND attempt_count = 0) AS pending,
+                        count(*) FILTER (WHERE status = 'pending' AND attempt_count > 0) AS retrying,
+                        count(*) FILTER (WHERE status = 'failed') AS failed,
+                        count(*) FILTER (WHERE status = 'skipped') AS skipped,
+                        min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
+                 FROM {s}.outbox_events WHERE status <> 'published'
+                 GROUP BY event_type ORDER BY event_type"
+            ),
+            tuples: "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
+                            coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)"
+                .to_owned(),
+            consumers: format!(
+                "WITH names AS (
+                    SELECT consumer_name FROM {s}.outbox_consumer_stats
+                    UNION SELECT consumer_name FROM {s}.outbox_consumer_parked
+                    UNION SELECT consumer_name FROM {s}.outbox_dead_letters WHERE resolved_at IS NULL
+                 )
+                 SELECT n.consumer_name,
+                        (SELECT count(*) FROM {s}.outbox_consumer_parked k WHERE k.consumer_name = n.consumer_name) AS parked,
+                        (SELECT min(parked_at) FROM {s}.outbox_consumer_parked k WHERE k.consumer_name = n.consumer_name) AS oldest_parked,
+                        (SELECT count(*) FROM {s}.outbox_dead_letters d
+                         WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL AND d.kind = 'quarantined') AS quarantined,
+                        (SELECT count(*) FROM {s}.outbox_dead_letters d
+                         WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL AND d.kind = 'dead_lettered') AS dead_lettered,
+                        (SELECT count(*) FROM {s}.outbox_dead_letters d
+                         WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL AND d.replay_requested_at IS NOT NULL) AS replays_requested,
+                        t.applied, t.duplicates, t.last_applied_at, t.lag_seconds, t.updated_at AS stats_at
+                 FROM names n LEFT JOIN {s}.outbox_consumer_stats t ON t.consumer_name = n.consumer_name
+                 ORDER BY n.consumer_name"
+            ),
+            events: format!(
+                "SELECT {event_columns} FROM {s}.outbox_events
+                 WHERE status = $1
+                   AND ($2::text IS NULL OR event_type = $2)
+                   AND ($3::text IS NULL OR aggregate_type = $3)
+                   AND ($4::text IS NULL OR aggregate_id = $4)
+                   AND ($5::timestamptz IS NULL OR coalesce(failed_at, created_at) >= $5)
+                   AND ($6::timestamptz IS NULL OR coalesce(failed_at, created_at) < $6)
+                   AND ($7::text IS NULL OR strpos(lower(coalesce(last_error, '')), lower($7)) > 0)
+                   AND ($8::bigint IS NULL OR seq > $8)
+                 ORDER BY seq LIMIT $9"
+            ),
+            event: format!("SELECT {event_columns} FROM {s}.outbox_events WHERE id = $1"),
+            letters: format!(
+                "SELECT {letter_columns} FROM {s}.outbox_dead_letters
+                 WHERE consumer_name = $1 AND kind = $2
+                   AND ($3::text IS NULL OR event_type = $3)
+                   AND ($4::text IS NULL OR aggregate_type = $4)
+                   AND ($5::text IS NULL OR aggregate_id = $5)
+                   AND ($6::timestamptz IS NULL OR created_at >= $6)
+                   AND ($7::timestamptz IS NULL OR created_at < $7)
+                   AND ($8::text IS NULL OR strpos(lower(reason), lower($8)) > 0)
+                   AND ($9::bigint IS NULL OR id > $9)
+                   AND ($11 OR resolved_at IS NULL)
+                 ORDER BY id LIMIT $10"
+            ),
+            letter: format!(
+                "SELECT {letter_columns} FROM {s}.outbox_dead_letters WHERE consumer_name = $1 AND id = $2"
+            ),
+            audit: format!(
+                "SELECT id, at, operator, reason, action, target, ids, outcomes FROM {s}.outbox_audit
+                 WHERE ($1::bigint IS NULL OR id < $1) ORDER BY id DESC LIMIT $2"
+            ),
+            // Back to pending, from the first attempt. A failed event under
+            // `Block` is its aggregate's head: the blocked row stays and
+            // offers only this event until it is published, so the
+            // aggregate goes on in order.
+            retry_failed: format!(
+                "UPDATE {s}.outbox_events
+                 SET status = 'pending', attempt_count = 0, next_attempt_at = now(), failed_at = NULL
+                 WHERE id = ANY($1) AND status = 'failed'
+                 RETURNING id"
+            ),
+            skip_failed: format!(
+                "WITH skipped AS (
+                    UPDATE {s}.outbox_events SET status = 'skipped', last_error = $2
+                    WHERE id = ANY($1) AND status = 'failed'
+                    RETURNING id
+                 ),
+                 released AS (
+                    DELETE FROM {s}.outbox_blocked_aggregates
+                    WHERE head_event_id IN (SELECT id FROM skipped)
+                 )
+                 SELECT id FROM skipped"
+            ),
+            republish: format!(
+                "UPDATE {s}.outbox_events
+                 SET status = 'pending', published_at = NULL, attempt_count = 0, next_attempt_at = now(),
+                     last_error = NULL
+                 WHERE id = ANY($1) AND status = 'published'
+                 RETURNING id"
+            ),
+            statuses: format!("SELECT id, status FROM {s}.outbox_events WHERE id = ANY($1)"),
+            request_replay: format!(
+                "UPDATE {s}.outbox_dead_letters
+                 SET replay_requested_at = now(), replay_audit_id = $3
+                 WHERE consumer_name = $1 AND id = ANY($2) AND resolved_at IS NULL
+                 RETURNING id"
+            ),
+            discard: format!(
+                "UPDATE {s}.outbox_dead_letters
+                 SET resolved_at = now(), resolution = $3, replay_requested_at = NULL
+                 WHERE consumer_name = $1 AND id = ANY($2) AND resolved_at IS NULL
+                 RETURNING id"
+            ),
+            replays_waiting: format!(
+                "SELECT count(*) FROM {s}.outbox_dead_letters
+                 WHERE consumer_name = $1 AND id = ANY($2)
+                   AND replay_requested_at IS NOT NULL AND resolved_at IS NULL"
+            ),
+            audit_entry: format!(
+                "SELECT id, at, operator, reason, action, target, ids, outcomes FROM {s}.outbox_audit WHERE id = $1"
+            ),
+            letter_states: format!(
+                "SELECT id, resolution FROM {s}.outbox_dead_letters WHERE consumer_name = $1 AND id = ANY($2)"
+            ),
+            count_old_published: format!(
+                "SELECT count(*) FROM {s}.outbox_events
+                 WHERE status = 'published' AND published_at < now() - $1 * interval '1 second'"
+            ),
+        }
+    }
+}
