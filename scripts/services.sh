@@ -163,6 +163,14 @@ ensure_nats() {
     die "nats-server did not come up on port $NATS_PORT (see /var/log/nats-server-$NATS_PORT.log; listening: $(who_listens "$NATS_PORT"))"
 }
 
+# promtool (Debian's `prometheus` package) checks the alert rules in
+# ops/prometheus; only the tests need it, so scripts/test.sh calls this.
+ensure_promtool() {
+    command -v promtool >/dev/null && return 0
+    apt_install prometheus || die "promtool is not installed and cannot be installed (apt package prometheus)"
+    command -v promtool >/dev/null || die "the prometheus package brought no promtool"
+}
+
 ensure_postgres
 ensure_nats
 say "PostgreSQL at $PG_HOST:$PG_PORT, NATS at $NATS_HOST:$NATS_PORT, nats-server at $OUTBOX_NATS_SERVER_BIN"

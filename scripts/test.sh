@@ -2,9 +2,11 @@
 # Runs every test of the workspace against real services: makes sure
 # PostgreSQL and NATS JetStream are up (starting them when installed but
 # down), then runs the unit, ui (trybuild), behaviour, integration and
-# fault-injection tests, and the schema registry check.
+# fault-injection tests, the schema registry check, and the alert rules
+# (promtool, installed from the `prometheus` package when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
+ensure_promtool
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
     name = "outbox",
     version,
     about = "Operate an outbox: status, failed events, blocked aggregates, quarantine and dead letters, replays and repairs with a reason and an audit trail, cleanup, migrations, schema registry checks.",
-    after_help = "Exit codes: 0 ok; 1 `status --check` found problems; 2 bad usage, a refused repair, or a database that cannot be reached.\n\
+    after_help = "Exit codes: 0 ok; 1 `status --check` found problems, a repair left some of its ids unchanged, or a replay waited for did not apply; 2 bad usage, a refused repair, or a database that cannot be reached.\n\
                   Payloads are shown redacted: the `redact` fields of event types whose contracts are linked into this binary, every value of other event types (or only --redact-keys)."
 )]
 pub(crate) struct Cli {
@@ -76,6 +76,14 @@ pub(crate) enum Command {
         consumer: String,
         #[command(subcommand)]
         action: LetterAction,
+    },
+    /// A consumer's position per aggregate (RejectStale and Strict).
+    Positions {
+        /// The consumer.
+        #[arg(long)]
+        consumer: String,
+        #[command(subcommand)]
+        action: PositionAction,
     },
     /// Every repair: who, when, why, which ids, what happened.
     Audit {
@@ -317,6 +325,37 @@ pub(crate) enum LetterAction {
     Discard {
         #[command(flatten)]
         select: LetterRepairArgs,
+    },
+}
+
+/// One aggregate.
+#[derive(Debug, Args)]
+pub(crate) struct AggregateArgs {
+    /// The aggregate type.
+    #[arg(long)]
+    pub(crate) aggregate_type: String,
+    /// The aggregate id.
+    #[arg(long)]
+    pub(crate) aggregate_id: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PositionAction {
+    /// Show the last version the consumer applied of an aggregate.
+    Show {
+        #[command(flatten)]
+        aggregate: AggregateArgs,
+    },
+    /// Move the position past a version the producer skipped (`failed
+    /// skip`), so a strict consumer goes on; only from the version before.
+    Pass {
+        #[command(flatten)]
+        aggregate: AggregateArgs,
+        /// The skipped version.
+        #[arg(long)]
+        version: i64,
+        #[command(flatten)]
+        who: Who,
     },
 }
 

@@ -3,23 +3,28 @@
 //! The `outbox` operator tool over [`outbox_core::ops`]: `status`,
 //! `failed list|show|retry|skip`, `events list|show|republish`,
 //! `blocked list`, `quarantine` and `dead-letters list|show|replay|discard`,
-//! `audit list`, `cleanup`, `migrate`, `registry check|diff|…`. Human tables
-//! by default, `--json` for scripts. Exit codes: 0 ok, 1 `status --check`
-//! found problems, 2 bad usage, a refused repair or no database.
+//! `positions show|pass`, `audit list`, `cleanup`, `migrate`,
+//! `registry check|diff|…`. Human tables by default, `--json` for scripts.
+//! Exit codes: 0 ok; 1 `status --check` found problems, a repair left some
+//! of the ids it named unchanged, or a replay waited for did not apply; 2
+//! bad usage, a refused repair or no database. The runbook is
+//! `docs/operations.md` in the repository.
 //!
 //! The tool shows payloads through the contracts linked into it: fields
 //! marked `#[outbox(redact)]` are masked, and event types it has no
 //! contract for are masked entirely (or only `--redact-keys`). A service
-//! builds its own `outbox` binary with its contracts linked in:
+//! builds its own `outbox` binary with its contracts linked in (the
+//! repository's tests build and run exactly this, as
+//! `tests/src/bin/outbox-tool.rs`):
 //!
-//! ```no_run
-//! // src/bin/outbox.rs of the service
-//! extern crate my_service_contracts; // links the #[derive(OutboxEvent)] types
+//! ```ignore
+//! // src/bin/outbox.rs of the service; `my_service_contracts` is the crate
+//! // with its #[derive(OutboxEvent)] types
+//! extern crate my_service_contracts;
 //!
 //! fn main() -> std::process::ExitCode {
 //!     outbox_cli::run()
 //! }
-//! # mod my_service_contracts {}
 //! ```
 //!
 //! Replays are run by the consumer itself (it has the handlers): the tool
@@ -46,13 +51,14 @@ use sqlx::postgres::PgPoolOptions;
 
 use args::{
     AuditAction, BlockedAction, Cli, Command, EventFilterArgs, EventRepairArgs, EventsAction,
-    FailedAction, LetterAction, LetterFilterArgs, LetterRepairArgs, Who,
+    FailedAction, LetterAction, LetterFilterArgs, LetterRepairArgs, PositionAction, Who,
 };
 use table::{Table, age, cut, opt, when};
 
 /// Exit code: done, nothing to report.
 pub const EXIT_OK: u8 = 0;
-/// Exit code: `status --check` found problems.
+/// Exit code: `status --check` found problems, a repair left some of its
+/// ids unchanged, or a replay waited for did not apply.
 pub const EXIT_PROBLEMS: u8 = 1;
 /// Exit code: bad usage, a refused repair, or the database cannot be reached.
 pub const EXIT_USAGE: u8 = 2;
@@ -157,6 +163,7 @@ async fn execute(cli: Cli) -> Outcome {
         Command::DeadLetters { consumer, action } => {
             letters(&ops, &out, &consumer, LetterKind::DeadLettered, action).await
         }
+        Command::Positions { consumer, action } => positions(&ops, &out, &consumer, action).await,
         Command::Audit {
             action: AuditAction::List { limit, before },
         } => audit(&ops, &out, limit, before).await,
@@ -424,14 +431,12 @@ async fn failed(ops: &Ops, out: &Output, action: FailedAction) -> Outcome {
         FailedAction::Retry(args) => {
             let (ids, request) = select_events(ops, &args, EventStatus::Failed, "retry").await?;
             let report = ops.retry_failed(&ids, &request).await.map_err(ops_error)?;
-            print_report(out, "retried", &report);
-            Ok(EXIT_OK)
+            Ok(print_report(out, "retried", &report))
         }
         FailedAction::Skip(args) => {
             let (ids, request) = select_events(ops, &args, EventStatus::Failed, "skip").await?;
             let report = ops.skip_failed(&ids, &request).await.map_err(ops_error)?;
-            print_report(out, "skipped", &report);
-            Ok(EXIT_OK)
+            Ok(print_report(out, "skipped", &report))
         }
     }
 }
@@ -463,8 +468,7 @@ async fn events(ops: &Ops, out: &Output, action: EventsAction) -> Outcome {
             let (ids, request) =
                 select_events(ops, &args, EventStatus::Published, "publish again").await?;
             let report = ops.republish(&ids, &request).await.map_err(ops_error)?;
-            print_report(out, "republished", &report);
-            Ok(EXIT_OK)
+            Ok(print_report(out, "republished", &report))
         }
     }
 }
@@ -540,10 +544,17 @@ fn confirm(what: &str, yes: bool) -> Result<(), String> {
     }
 }
 
-fn print_report(out: &Output, done: &str, report: &RepairReport) {
+/// Prints what a repair did; exit 1 when it changed fewer ids than it
+/// named (the outcomes say why), 0 when it changed them all.
+fn print_report(out: &Output, done: &str, report: &RepairReport) -> u8 {
+    let code = if report.count(done) == report.outcomes.len() {
+        EXIT_OK
+    } else {
+        EXIT_PROBLEMS
+    };
     if out.json {
         out.json(report);
-        return;
+        return code;
     }
     let mut table = Table::new(&["ID", "OUTCOME", "DETAIL"]);
     for o in &report.outcomes {
@@ -560,6 +571,7 @@ fn print_report(out: &Output, done: &str, report: &RepairReport) {
         report.outcomes.len(),
         report.audit_id
     );
+    code
 }
 
 async fn blocked(ops: &Ops, out: &Output, limit: i64) -> Outcome {
@@ -713,10 +725,9 @@ async fn letters(
                 .await
                 .map_err(ops_error)?;
             if let Some(wait) = wait {
-                return wait_for_replays(ops, out, consumer, &ids, report.audit_id, wait).await;
+                return wait_for_replays(ops, out, consumer, &report, wait).await;
             }
-            print_report(out, "replay_requested", &report);
-            Ok(EXIT_OK)
+            Ok(print_report(out, "replay_requested", &report))
         }
         LetterAction::Discard { select } => {
             let (ids, request) = select_letters(ops, consumer, kind, select, "discard").await?;
@@ -724,8 +735,7 @@ async fn letters(
                 .discard(consumer, &ids, &request)
                 .await
                 .map_err(ops_error)?;
-            print_report(out, "discarded", &report);
-            Ok(EXIT_OK)
+            Ok(print_report(out, "discarded", &report))
         }
     }
 }
@@ -790,20 +800,84 @@ async fn select_letters(
     Ok((ids, request))
 }
 
+async fn positions(ops: &Ops, out: &Output, consumer: &str, action: PositionAction) -> Outcome {
+    match action {
+        PositionAction::Show { aggregate } => {
+            let position = ops
+                .position(consumer, &aggregate.aggregate_type, &aggregate.aggregate_id)
+                .await
+                .map_err(ops_error)?
+                .ok_or_else(|| {
+                    format!(
+                        "consumer {consumer} has no position for {}/{}",
+                        aggregate.aggregate_type, aggregate.aggregate_id
+                    )
+                })?;
+            if out.json {
+                out.json(&position);
+            } else {
+                println!(
+                    "{consumer} at {}/{}: version {} ({}), moved {}",
+                    position.aggregate_type,
+                    position.aggregate_id,
+                    position.version,
+                    if position.pinned {
+                        "started"
+                    } else {
+                        "not started"
+                    },
+                    when(&position.updated_at)
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        PositionAction::Pass {
+            aggregate,
+            version,
+            who,
+        } => {
+            let request = request(&who)?;
+            let report = ops
+                .pass_version(
+                    consumer,
+                    &aggregate.aggregate_type,
+                    &aggregate.aggregate_id,
+                    version,
+                    &request,
+                )
+                .await
+                .map_err(ops_error)?;
+            Ok(print_report(out, "passed", &report))
+        }
+    }
+}
+
 /// Waits until the consumer ran the requested replays, then shows what
-/// each did; exits 1 when a replay left its letter open.
+/// each did; exits 1 when a replay left its letter open or a letter could
+/// not be requested (closed or unknown).
 async fn wait_for_replays(
     ops: &Ops,
     out: &Output,
     consumer: &str,
-    ids: &[i64],
-    audit_id: i64,
+    report: &RepairReport,
     wait: Duration,
 ) -> Outcome {
+    let audit_id = report.audit_id;
+    let ids: Vec<i64> = report
+        .outcomes
+        .iter()
+        .filter(|o| o.outcome == "replay_requested")
+        .filter_map(|o| o.id.parse().ok())
+        .collect();
+    let not_requested: Vec<&outbox_core::ops::IdOutcome> = report
+        .outcomes
+        .iter()
+        .filter(|o| o.outcome != "replay_requested")
+        .collect();
     let deadline = Instant::now() + wait;
     loop {
         let waiting = ops
-            .replays_waiting(consumer, ids)
+            .replays_waiting(consumer, &ids)
             .await
             .map_err(ops_error)?;
         if waiting == 0 {
@@ -859,6 +933,13 @@ async fn wait_for_replays(
                 cut(&detail, 80),
             ]);
         }
+        for o in &not_requested {
+            table.row(vec![
+                o.id.clone(),
+                o.outcome.clone(),
+                o.detail.clone().unwrap_or_default(),
+            ]);
+        }
         print!("{}", table.render());
         println!(
             "{} of {} replay(s) ran by {consumer} closed their letter; audit row {audit_id}",
@@ -866,7 +947,11 @@ async fn wait_for_replays(
             ran.len()
         );
     }
-    Ok(if open == 0 { EXIT_OK } else { EXIT_PROBLEMS })
+    Ok(if open == 0 && not_requested.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_PROBLEMS
+    })
 }
 
 async fn audit(ops: &Ops, out: &Output, limit: Option<i64>, before: Option<i64>) -> Outcome {

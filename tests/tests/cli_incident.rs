@@ -345,8 +345,10 @@ async fn an_incident_is_found_repaired_and_audited_with_the_cli() {
     );
     golden("quarantine_replay", &replayed);
     assert_eq!(effects(&db, "parcels").await.len(), 1, "applied once");
-    // Asking again: the letter is closed.
-    let again = tool.json(&[
+    // Asking again: the letter is closed; nothing changes and the tool
+    // exits 1.
+    let again = tool.run(&[
+        "--json",
         "quarantine",
         "--consumer",
         "parcels",
@@ -356,6 +358,8 @@ async fn an_incident_is_found_repaired_and_audited_with_the_cli() {
         "--reason",
         "again",
     ]);
+    assert_eq!(code(&again), Some(1), "{}", stderr(&again));
+    let again: Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(again["outcomes"][0]["outcome"], "already_resolved");
     drop(sender);
     task.drain(Duration::from_secs(5)).await.unwrap();

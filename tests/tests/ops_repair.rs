@@ -855,3 +855,116 @@ fn the_tool_explains_bad_usage_with_exit_code_2() {
         .unwrap();
     assert_eq!(unknown.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn a_strict_consumer_passes_a_version_the_producer_skipped() {
+    let db = TestDb::new().await;
+    create_effects(&db).await;
+    let config = ConsumerConfig {
+        ordering: outbox_core::consumer::Ordering::Strict {
+            park_timeout: Duration::from_millis(100),
+        },
+        ..ConsumerConfig::default()
+    };
+    let consumer = tick_consumer(&db, "strict", config, Duration::ZERO, &[]);
+    assert!(matches!(
+        consumer.handle_envelope(&tick("c1", 1)).await.unwrap(),
+        Outcome::Applied
+    ));
+    // Version 2 was skipped at the producer: it never comes.
+    assert!(matches!(
+        consumer.handle_envelope(&tick("c1", 3)).await.unwrap(),
+        Outcome::Parked { waiting_for: 2 }
+    ));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 1);
+    let letter: i64 = db.scalar("SELECT id FROM {s}.outbox_dead_letters").await;
+
+    // Only from the version before: passing 3 from position 1 is refused.
+    let early = tool(
+        &db,
+        &[
+            "positions",
+            "--consumer",
+            "strict",
+            "pass",
+            "--aggregate-type",
+            "counter",
+            "--aggregate-id",
+            "c1",
+            "--version",
+            "3",
+            "--reason",
+            "v2 skipped",
+        ],
+    );
+    assert_eq!(early.status.code(), Some(1), "{}", stderr(&early));
+    assert!(
+        stdout(&early).contains("the position is 1; only a position at 2 can pass version 3"),
+        "{}",
+        stdout(&early)
+    );
+    let passed = tool(
+        &db,
+        &[
+            "positions",
+            "--consumer",
+            "strict",
+            "pass",
+            "--aggregate-type",
+            "counter",
+            "--aggregate-id",
+            "c1",
+            "--version",
+            "2",
+            "--reason",
+            "v2 was skipped at the producer (audit row 7 there)",
+        ],
+    );
+    assert_eq!(passed.status.code(), Some(0), "{}", stderr(&passed));
+    let shown: Value = serde_json::from_str(&stdout(&tool(
+        &db,
+        &[
+            "--json",
+            "positions",
+            "--consumer",
+            "strict",
+            "show",
+            "--aggregate-type",
+            "counter",
+            "--aggregate-id",
+            "c1",
+        ],
+    )))
+    .unwrap();
+    assert_eq!(shown["version"], 2);
+
+    let replay = consumer
+        .replay(&[letter], &request("v2 passed"))
+        .await
+        .unwrap();
+    assert_eq!(replay.letters[0].1, ReplayOutcome::Applied);
+    let applied: Vec<i64> = effects(&db, "strict")
+        .await
+        .iter()
+        .map(|e| e.aggregate_version)
+        .collect();
+    assert_eq!(applied, vec![1, 3]);
+    let actions: Vec<String> = Ops::new(db.pool.clone(), db.schema.clone())
+        .audit(None, None)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|a| a.action)
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            "consumer.replay",
+            "consumer.pass_version",
+            "consumer.pass_version"
+        ]
+    );
+    db.drop_schema().await;
+}

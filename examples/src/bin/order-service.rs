@@ -6,6 +6,9 @@
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`)
 //! and `NATS_URL` (default `nats://127.0.0.1:4222`). Uses the schema
 //! `outbox_demo` and the stream `OUTBOX_DEMO`, both recreated on each run.
+//! Serves Prometheus metrics at `http://METRICS_ADDR/metrics` (default
+//! `127.0.0.1:0`, any free port; the address is printed) and scrapes itself
+//! at the end to show the figures an operator's dashboard reads.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +23,7 @@ use outbox_core::transport::nats::{
 use outbox_core::{Envelope, Outbox};
 use outbox_examples::contracts::{CancelReason, Money, OrderLine};
 use outbox_examples::orders::{OrderService, Placed};
-use outbox_examples::projections;
+use outbox_examples::{metrics_endpoint, projections};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
 
@@ -31,6 +34,12 @@ async fn main() -> anyhow::Result<()> {
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let metrics_addr: std::net::SocketAddr = std::env::var("METRICS_ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:0".into())
+        .parse()
+        .context("METRICS_ADDR is not an address such as 127.0.0.1:9464")?;
+    let metrics = metrics_endpoint::install_recorder()?;
+    let metrics_addr = metrics_endpoint::serve(metrics_addr, metrics).await?;
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .connect(&database_url)
@@ -81,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
         consumers.push(consumer.spawn(source));
     }
     println!(
-        "order service: schema {}, stream {}",
+        "order service: schema {}, stream {}, metrics at http://{metrics_addr}/metrics",
         schema.as_str(),
         nats.stream
     );
@@ -236,6 +245,39 @@ async fn main() -> anyhow::Result<()> {
         let _ = consumer.drain(Duration::from_secs(5)).await;
     }
     let _ = relay.drain(Duration::from_secs(5)).await;
+
+    // What Prometheus scrapes: the relay's and the consumers' figures.
+    let scraped = metrics_endpoint::scrape(metrics_addr).await?;
+    let value = |series: &str| -> Option<f64> {
+        scraped
+            .lines()
+            .find(|line| line.starts_with(series))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    let published = value(&format!(
+        "outbox_relay_published_total{{schema=\"{}\"",
+        schema.as_str()
+    ))
+    .unwrap_or(0.0);
+    let applied = value("outbox_consumer_messages_total{consumer=\"billing\",outcome=\"applied\"}")
+        .unwrap_or(0.0);
+    ensure!(
+        published >= events as f64,
+        "/metrics shows {published} published events, expected {events}:\n{scraped}"
+    );
+    ensure!(
+        applied >= ORDERS as f64,
+        "/metrics shows {applied} events applied by billing, expected {ORDERS}"
+    );
+    ensure!(
+        scraped.contains("# HELP outbox_oldest_pending_age_seconds"),
+        "/metrics lacks the backlog gauges' help"
+    );
+    println!(
+        "metrics: /metrics shows {published} published, {applied} applied by billing, {} series of outbox_*",
+        scraped.lines().filter(|l| l.starts_with("outbox_")).count()
+    );
     println!("ok");
     Ok(())
 }

@@ -97,6 +97,7 @@ async fn run<S: MessageSource>(
     let mut sweep = tokio::time::interval(config.sweep_interval);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let name = consumer.name().to_owned();
+    crate::metrics::register_consumer(&name);
     tracing::info!(consumer = %name, "consumer started");
     loop {
         if *shutdown.borrow() {

@@ -8,10 +8,12 @@
 //! - Listings with filters and keyset paging: [`Ops::events`],
 //!   [`Ops::letters`], [`Ops::audit`]; single records with [`Ops::event`]
 //!   and [`Ops::letter`]. Every payload is shown through [`Redaction`].
-//! - Repairs, always by id and with a [`RepairRequest`] (who and why), each
+//! - Repairs, always by id and with a [`RepairRequest`](crate::audit::RepairRequest) (who and why), each
 //!   in one transaction with its audit row: [`Ops::retry_failed`],
 //!   [`Ops::skip_failed`], [`Ops::republish`], [`Ops::request_replay`],
-//!   [`Ops::discard`]; and retention with [`Ops::cleanup`].
+//!   [`Ops::discard`], [`Ops::pass_version`] (a strict consumer's position
+//!   past a version the producer skipped); and retention with
+//!   [`Ops::cleanup`].
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {

@@ -139,6 +139,23 @@ impl LetterKind {
     }
 }
 
+/// The last version a consumer applied (or passed) of one aggregate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PositionRecord {
+    /// The consumer.
+    pub consumer: String,
+    /// The aggregate type.
+    pub aggregate_type: String,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The version.
+    pub version: i64,
+    /// Whether a handler has started on this aggregate (strict ordering).
+    pub pinned: bool,
+    /// When it last moved.
+    pub updated_at: DateTime<Utc>,
+}
+
 /// Which letters of a consumer to list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LetterFilter {
@@ -411,6 +428,34 @@ impl Ops {
             .map(audit_record)
             .transpose()
             .map_err(OpsError::database("reading an audit row"))
+    }
+
+    /// A consumer's position for one aggregate (RejectStale and Strict).
+    pub async fn position(
+        &self,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Option<PositionRecord>, OpsError> {
+        let row = sqlx::query(AssertSqlSafe(self.sql.position.as_str()))
+            .bind(consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(OpsError::database("reading a position"))?;
+        row.map(|row| {
+            Ok(PositionRecord {
+                consumer: consumer.to_owned(),
+                aggregate_type: aggregate_type.to_owned(),
+                aggregate_id: aggregate_id.to_owned(),
+                version: row.try_get("version")?,
+                pinned: row.try_get("pinned")?,
+                updated_at: row.try_get("updated_at")?,
+            })
+        })
+        .transpose()
+        .map_err(OpsError::database("reading a position"))
     }
 
     /// How many of `letter_ids` still wait for their consumer to run a

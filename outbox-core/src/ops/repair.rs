@@ -20,7 +20,8 @@ pub struct IdOutcome {
     /// The id as given.
     pub id: String,
     /// `retried`, `skipped`, `republished`, `replay_requested`, `discarded`,
-    /// `not_failed`, `not_published`, `already_resolved`, `not_found`.
+    /// `passed`, `not_failed`, `not_published`, `already_resolved`,
+    /// `not_at_gap`, `not_found`.
     pub outcome: String,
     /// More words, when there are any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -448,5 +449,83 @@ impl Ops {
             executed: true,
             audit_id: Some(audit_id),
         })
+    }
+
+    /// Moves a consumer's position for one aggregate past `version`, a
+    /// version it will never receive (the producer skipped it with
+    /// [`Ops::skip_failed`]): only when the position is exactly the
+    /// version before, so nothing applied is ever passed over. Under strict
+    /// ordering the aggregate's next version then applies: a parked one at
+    /// the consumer's next sweep, a dead-lettered one when replayed.
+    pub async fn pass_version(
+        &self,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        version: i64,
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        let target = format!("{aggregate_type}/{aggregate_id}@{version}");
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(OpsError::database("beginning a repair"))?;
+        let audit_id = self
+            .audit
+            .begin(
+                &mut tx,
+                request,
+                "consumer.pass_version",
+                consumer,
+                std::slice::from_ref(&target),
+            )
+            .await
+            .map_err(OpsError::database("writing the audit row"))?;
+        let passed: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.pass_version.as_str()))
+            .bind(consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(version)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(OpsError::database("moving a position"))?;
+        let outcome = match passed {
+            Some(_) => IdOutcome {
+                id: target,
+                outcome: "passed".to_owned(),
+                detail: None,
+            },
+            None => {
+                let position: Option<i64> =
+                    sqlx::query_scalar(AssertSqlSafe(self.sql.position.as_str()))
+                        .bind(consumer)
+                        .bind(aggregate_type)
+                        .bind(aggregate_id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(OpsError::database("reading a position"))?;
+                IdOutcome {
+                    id: target,
+                    outcome: "not_at_gap".to_owned(),
+                    detail: Some(match position {
+                        Some(at) => format!(
+                            "the position is {at}; only a position at {} can pass version {version}",
+                            version - 1
+                        ),
+                        None => "the consumer has no position for this aggregate".to_owned(),
+                    }),
+                }
+            }
+        };
+        let outcomes = vec![outcome];
+        self.audit
+            .finish(&mut tx, audit_id, &outcomes_json(&outcomes))
+            .await
+            .map_err(OpsError::database("completing the audit row"))?;
+        tx.commit()
+            .await
+            .map_err(OpsError::database("committing a repair"))?;
+        Ok(RepairReport { audit_id, outcomes })
     }
 }

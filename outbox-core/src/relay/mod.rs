@@ -28,8 +28,8 @@ use uuid::Uuid;
 pub use config::{Backoff, FailedHeadPolicy, RelayConfig};
 pub use health::RelayHealth;
 pub use store::{
-    BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, FailedAttempt, OutboxStats,
-    RelayStore, StoreError, WakeupListener,
+    BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, FailedAttempt,
+    OutboxStats, RelayStore, StoreError, WakeupListener,
 };
 
 use crate::store::{ConfigError, PgRelayStore, SchemaName};
@@ -87,6 +87,7 @@ impl Relay {
             config,
             health: Arc::clone(&health),
         });
+        crate::metrics::register_relay(&shared.schema_label, shared.transport.name());
         let mut tasks = Vec::new();
         if shared.config.listen {
             tasks.push(tokio::spawn(listen(Arc::clone(&shared), receiver.clone())));
@@ -225,9 +226,10 @@ async fn report_stats<S: RelayStore, T: Transport>(
     shared: Arc<Shared<S, T>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut gauges = crate::metrics::BacklogGauges::new(&shared.schema_label);
     while !*shutdown.borrow() {
         match shared.store.stats().await {
-            Ok(stats) => crate::metrics::record_stats(&shared.schema_label, &stats),
+            Ok(stats) => gauges.record(&stats),
             Err(error) => tracing::warn!(%error, "relay cannot read backlog figures"),
         }
         tokio::select! {

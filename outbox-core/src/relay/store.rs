@@ -101,6 +101,31 @@ pub struct OutboxStats {
     pub dead_tuples: i64,
     /// Live tuples in the outbox table.
     pub live_tuples: i64,
+    /// The pending and failed figures per event type (types with neither
+    /// are absent).
+    pub event_types: Vec<EventTypeStats>,
+}
+
+/// The backlog of one event type.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct EventTypeStats {
+    /// The event type.
+    pub event_type: String,
+    /// Its events waiting to be published.
+    pub pending: i64,
+    /// Its events in the failed state.
+    pub failed: i64,
+    /// When its oldest pending event was emitted.
+    pub oldest_pending_at: Option<DateTime<Utc>>,
+}
+
+impl EventTypeStats {
+    /// Age of its oldest pending event, zero when none.
+    pub fn oldest_pending_age(&self) -> Duration {
+        self.oldest_pending_at
+            .map(|at| (Utc::now() - at).to_std().unwrap_or_default())
+            .unwrap_or_default()
+    }
 }
 
 impl OutboxStats {

@@ -47,8 +47,17 @@ pub(crate) struct OpsSql {
     pub(crate) discard: String,
     /// Letters of a consumer that exist, open or not. Binds: consumer, ids.
     pub(crate) letter_states: String,
+    /// Open letters of a consumer still waiting for a requested replay.
+    /// Binds: consumer, ids.
     pub(crate) replays_waiting: String,
+    /// One audit row. Binds: id.
     pub(crate) audit_entry: String,
+    /// One aggregate's position at a consumer. Binds: consumer,
+    /// aggregate type, aggregate id.
+    pub(crate) position: String,
+    /// Moves a position one version on, only from the version before.
+    /// Binds: consumer, aggregate type, aggregate id, version passed.
+    pub(crate) pass_version: String,
     /// Counts published rows older than an age. Binds: seconds.
     pub(crate) count_old_published: String,
 }
@@ -185,6 +194,17 @@ impl OpsSql {
             ),
             audit_entry: format!(
                 "SELECT id, at, operator, reason, action, target, ids, outcomes FROM {s}.outbox_audit WHERE id = $1"
+            ),
+            position: format!(
+                "SELECT version, pinned, updated_at FROM {s}.outbox_consumer_positions
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3"
+            ),
+            pass_version: format!(
+                "UPDATE {s}.outbox_consumer_positions
+                 SET version = $4, pinned = true, updated_at = now()
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                   AND version = $4 - 1
+                 RETURNING version"
             ),
             letter_states: format!(
                 "SELECT id, resolution FROM {s}.outbox_dead_letters WHERE consumer_name = $1 AND id = ANY($2)"

@@ -23,8 +23,8 @@ use super::sql::RelaySql;
 use crate::envelope::Envelope;
 use crate::relay::config::FailedHeadPolicy;
 use crate::relay::store::{
-    BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, OutboxStats, RelayStore,
-    StoreError, WakeupListener,
+    BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, OutboxStats,
+    RelayStore, StoreError, WakeupListener,
 };
 
 /// The relay store on PostgreSQL.
@@ -457,13 +457,17 @@ impl RelayStore for PgRelayStore {
             .await
             .map_err(StoreError::new("read backlog figures"))?;
         let read = || -> Result<OutboxStats, sqlx::Error> {
+            let by_type: String = row.try_get("event_types")?;
+            let event_types: Vec<EventTypeStats> =
+                serde_json::from_str(&by_type).map_err(|e| sqlx::Error::Decode(e.into()))?;
             Ok(OutboxStats {
-                pending: row.try_get("pending")?,
-                failed: row.try_get("failed")?,
-                oldest_pending_at: row.try_get("oldest")?,
+                pending: event_types.iter().map(|t| t.pending).sum(),
+                failed: event_types.iter().map(|t| t.failed).sum(),
+                oldest_pending_at: event_types.iter().filter_map(|t| t.oldest_pending_at).min(),
                 blocked_aggregates: row.try_get("blocked")?,
                 dead_tuples: row.try_get("dead")?,
                 live_tuples: row.try_get("live")?,
+                event_types,
             })
         };
         read().map_err(StoreError::new("decode backlog figures"))

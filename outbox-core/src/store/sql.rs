@@ -415,11 +415,17 @@ impl RelaySql {
         let live_workers = format!(
             "SELECT count(*) FROM {s}.outbox_relay_listeners WHERE heartbeat_at > now() - interval '30 seconds'"
         );
+        // One pass over the pending and failed rows (the partial indexes),
+        // grouped by event type; the totals are summed from it.
         let stats = format!(
             "SELECT
-                (SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending') AS pending,
-                (SELECT count(*) FROM {s}.outbox_events WHERE status = 'failed') AS failed,
-                (SELECT created_at FROM {s}.outbox_events WHERE status = 'pending' ORDER BY seq LIMIT 1) AS oldest,
+                (SELECT coalesce(json_agg(t ORDER BY t.event_type), '[]')::text FROM (
+                    SELECT event_type,
+                           count(*) FILTER (WHERE status = 'pending') AS pending,
+                           count(*) FILTER (WHERE status = 'failed') AS failed,
+                           min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending_at
+                    FROM {s}.outbox_events WHERE status IN ('pending', 'failed')
+                    GROUP BY event_type) t) AS event_types,
                 (SELECT count(*) FROM {s}.outbox_blocked_aggregates b
                  JOIN {s}.outbox_events h ON h.id = b.head_event_id
                  WHERE h.status = 'pending' OR (h.status = 'failed' AND NOT $2)) AS blocked,
