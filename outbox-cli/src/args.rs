@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
     name = "outbox",
     version,
     about = "Operate an outbox: status, failed events, blocked aggregates, quarantine and dead letters, replays and repairs with a reason and an audit trail, cleanup, migrations, schema registry checks.",
-    after_help = "Exit codes: 0 ok; 1 `status --check` found problems, a repair left some of its ids unchanged, or a replay waited for did not apply; 2 bad usage, a refused repair, or a database that cannot be reached.\n\
+    after_help = "Exit codes: 0 ok; 1 `status --check` found problems, a repair left some of its ids unchanged, or a replay waited for left its letter open or did not run in time; 2 bad usage, a refused repair, or a database that cannot be reached.\n\
                   Payloads are shown redacted: the `redact` fields of event types whose contracts are linked into this binary, every value of other event types (or only --redact-keys)."
 )]
 pub(crate) struct Cli {
@@ -63,25 +63,25 @@ pub(crate) enum Command {
     },
     /// Messages a consumer could not read.
     Quarantine {
-        /// The consumer.
-        #[arg(long)]
-        consumer: String,
+        /// The consumer (required; before or after the subcommand).
+        #[arg(long, global = true)]
+        consumer: Option<String>,
         #[command(subcommand)]
         action: LetterAction,
     },
     /// Messages whose handler failed for good.
     DeadLetters {
-        /// The consumer.
-        #[arg(long)]
-        consumer: String,
+        /// The consumer (required; before or after the subcommand).
+        #[arg(long, global = true)]
+        consumer: Option<String>,
         #[command(subcommand)]
         action: LetterAction,
     },
     /// A consumer's position per aggregate (RejectStale and Strict).
     Positions {
-        /// The consumer.
-        #[arg(long)]
-        consumer: String,
+        /// The consumer (required; before or after the subcommand).
+        #[arg(long, global = true)]
+        consumer: Option<String>,
         #[command(subcommand)]
         action: PositionAction,
     },

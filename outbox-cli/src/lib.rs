@@ -6,7 +6,8 @@
 //! `positions show|pass`, `audit list`, `cleanup`, `migrate`,
 //! `registry check|diff|…`. Human tables by default, `--json` for scripts.
 //! Exit codes: 0 ok; 1 `status --check` found problems, a repair left some
-//! of the ids it named unchanged, or a replay waited for did not apply; 2
+//! of the ids it named unchanged, or a replay waited for left its letter
+//! open or did not run in time; 2
 //! bad usage, a refused repair or no database. The runbook is
 //! `docs/operations.md` in the repository.
 //!
@@ -58,7 +59,8 @@ use table::{Table, age, cut, opt, when};
 /// Exit code: done, nothing to report.
 pub const EXIT_OK: u8 = 0;
 /// Exit code: `status --check` found problems, a repair left some of its
-/// ids unchanged, or a replay waited for did not apply.
+/// ids unchanged, or a replay waited for left its letter open or did not
+/// run in time.
 pub const EXIT_PROBLEMS: u8 = 1;
 /// Exit code: bad usage, a refused repair, or the database cannot be reached.
 pub const EXIT_USAGE: u8 = 2;
@@ -130,7 +132,14 @@ async fn execute(cli: Cli) -> Outcome {
         outbox_core::store::migrate(&pool, &schema)
             .await
             .map_err(|e| e.to_string())?;
-        println!("schema {schema} migrated");
+        if cli.json {
+            println!(
+                "{}",
+                serde_json::json!({ "schema": schema.as_str(), "migrated": true })
+            );
+        } else {
+            println!("schema {schema} migrated");
+        }
         return Ok(EXIT_OK);
     }
     let redaction = Redaction {
@@ -158,12 +167,28 @@ async fn execute(cli: Cli) -> Outcome {
             action: BlockedAction::List { limit },
         } => blocked(&ops, &out, limit).await,
         Command::Quarantine { consumer, action } => {
-            letters(&ops, &out, &consumer, LetterKind::Quarantined, action).await
+            letters(
+                &ops,
+                &out,
+                &required_consumer(consumer)?,
+                LetterKind::Quarantined,
+                action,
+            )
+            .await
         }
         Command::DeadLetters { consumer, action } => {
-            letters(&ops, &out, &consumer, LetterKind::DeadLettered, action).await
+            letters(
+                &ops,
+                &out,
+                &required_consumer(consumer)?,
+                LetterKind::DeadLettered,
+                action,
+            )
+            .await
         }
-        Command::Positions { consumer, action } => positions(&ops, &out, &consumer, action).await,
+        Command::Positions { consumer, action } => {
+            positions(&ops, &out, &required_consumer(consumer)?, action).await
+        }
         Command::Audit {
             action: AuditAction::List { limit, before },
         } => audit(&ops, &out, limit, before).await,
@@ -175,6 +200,10 @@ async fn execute(cli: Cli) -> Outcome {
         } => cleanup(&ops, &out, older_than, execute, batch, &who).await,
         Command::Migrate | Command::Registry { .. } => Ok(EXIT_OK),
     }
+}
+
+fn required_consumer(consumer: Option<String>) -> Result<String, String> {
+    consumer.ok_or_else(|| "name the consumer: --consumer NAME".to_owned())
 }
 
 fn exit_code_of(code: ExitCode) -> u8 {
@@ -503,25 +532,45 @@ async fn select_events(
             "name the events to {verb}: --id ID (repeatable), or filters (--event-type, --aggregate-type, --aggregate-id, --since, --until, --error) with --limit N; there is no repair of everything"
         ));
     }
-    let Some(limit) = args.limit else {
-        return Err(format!(
-            "a repair by filter needs an explicit --limit (at most {})",
-            outbox_core::ops::MAX_REPAIR_IDS
-        ));
-    };
-    let page = ops
-        .events(&EventFilter {
-            limit: Some(limit),
-            ..filter_of(&args.filter, status)
-        })
-        .await
-        .map_err(ops_error)?;
-    let ids: Vec<uuid::Uuid> = page.items.iter().map(|e| e.id).collect();
+    let limit = repair_limit(args.limit)?;
+    let mut ids: Vec<uuid::Uuid> = Vec::new();
+    let mut after = None;
+    while ids.len() < limit {
+        let page = ops
+            .events(&EventFilter {
+                limit: Some((limit - ids.len()) as i64),
+                after,
+                ..filter_of(&args.filter, status)
+            })
+            .await
+            .map_err(ops_error)?;
+        ids.extend(page.items.iter().map(|e| e.id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    ids.truncate(limit);
     if ids.is_empty() {
         return Err("no event matches the filters; nothing was changed".to_owned());
     }
     confirm(&format!("{verb} {} event(s)", ids.len()), args.yes)?;
     Ok((ids, request))
+}
+
+/// The `--limit` of a repair by filter: required, from 1 to
+/// `MAX_REPAIR_IDS`.
+fn repair_limit(limit: Option<i64>) -> Result<usize, String> {
+    let max = outbox_core::ops::MAX_REPAIR_IDS;
+    match limit {
+        None => Err(format!(
+            "a repair by filter needs an explicit --limit (1 to {max})"
+        )),
+        Some(n) if n < 1 || n as usize > max => Err(format!(
+            "--limit {n} is out of range: a repair by filter takes 1 to {max} ids"
+        )),
+        Some(n) => Ok(n as usize),
+    }
 }
 
 fn confirm(what: &str, yes: bool) -> Result<(), String> {
@@ -721,7 +770,7 @@ async fn letters(
         LetterAction::Replay { select, wait } => {
             let (ids, request) = select_letters(ops, consumer, kind, select, "replay").await?;
             let report = ops
-                .request_replay(consumer, &ids, &request)
+                .request_replay(consumer, kind, &ids, &request)
                 .await
                 .map_err(ops_error)?;
             if let Some(wait) = wait {
@@ -732,7 +781,7 @@ async fn letters(
         LetterAction::Discard { select } => {
             let (ids, request) = select_letters(ops, consumer, kind, select, "discard").await?;
             let report = ops
-                .discard(consumer, &ids, &request)
+                .discard(consumer, kind, &ids, &request)
                 .await
                 .map_err(ops_error)?;
             Ok(print_report(out, "discarded", &report))
@@ -776,20 +825,26 @@ async fn select_letters(
             "name the letters to {verb}: --id ID (repeatable), or filters (--event-type, --aggregate-type, --aggregate-id, --since, --until, --error) with --limit N; there is no repair of everything"
         ));
     }
-    let Some(limit) = select.limit else {
-        return Err(format!(
-            "a repair by filter needs an explicit --limit (at most {})",
-            outbox_core::ops::MAX_REPAIR_IDS
-        ));
-    };
-    let page = ops
-        .letters(&LetterFilter {
-            limit: Some(limit),
-            ..letter_filter_of(consumer, kind, select.filter)
-        })
-        .await
-        .map_err(ops_error)?;
-    let ids: Vec<i64> = page.items.iter().map(|l| l.id).collect();
+    let limit = repair_limit(select.limit)?;
+    let filter = letter_filter_of(consumer, kind, select.filter);
+    let mut ids: Vec<i64> = Vec::new();
+    let mut after = None;
+    while ids.len() < limit {
+        let page = ops
+            .letters(&LetterFilter {
+                limit: Some((limit - ids.len()) as i64),
+                after,
+                ..filter.clone()
+            })
+            .await
+            .map_err(ops_error)?;
+        ids.extend(page.items.iter().map(|l| l.id));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    ids.truncate(limit);
     if ids.is_empty() {
         return Err("no open letter matches the filters; nothing was changed".to_owned());
     }
@@ -874,33 +929,39 @@ async fn wait_for_replays(
         .iter()
         .filter(|o| o.outcome != "replay_requested")
         .collect();
+    // Each requested letter gets one outcome with `ran_at` in the audit
+    // row, written in the transaction that settles it.
     let deadline = Instant::now() + wait;
-    loop {
-        let waiting = ops
-            .replays_waiting(consumer, &ids)
+    let row = loop {
+        let row = ops
+            .audit_entry(audit_id)
             .await
-            .map_err(ops_error)?;
-        if waiting == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{waiting} replay(s) still waiting for consumer {consumer} after {}: is it running? They run when it does (audit row {audit_id})",
-                age(Some(wait.as_secs_f64()))
-            ));
+            .map_err(ops_error)?
+            .ok_or_else(|| format!("audit row {audit_id} is gone"))?;
+        let done = ran_ids(&row.outcomes);
+        if ids.iter().all(|id| done.contains(&id.to_string())) || Instant::now() > deadline {
+            break row;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let row = ops
-        .audit_entry(audit_id)
-        .await
-        .map_err(ops_error)?
-        .ok_or_else(|| format!("audit row {audit_id} is gone"))?;
+    };
     let ran: Vec<&serde_json::Value> = row
         .outcomes
         .as_array()
         .map(|all| all.iter().filter(|o| o.get("ran_at").is_some()).collect())
         .unwrap_or_default();
+    let done = ran_ids(&row.outcomes);
+    let not_run: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| !done.contains(&id.to_string()))
+        .collect();
+    if !not_run.is_empty() {
+        eprintln!(
+            "{} replay(s) did not run within {}: is consumer {consumer} running? The requests stay; it runs them when it does (audit row {audit_id})",
+            not_run.len(),
+            age(Some(wait.as_secs_f64()))
+        );
+    }
     let open = ran
         .iter()
         .filter(|o| {
@@ -940,6 +1001,13 @@ async fn wait_for_replays(
                 o.detail.clone().unwrap_or_default(),
             ]);
         }
+        for id in &not_run {
+            table.row(vec![
+                id.to_string(),
+                "not_run".to_owned(),
+                "no outcome yet".to_owned(),
+            ]);
+        }
         print!("{}", table.render());
         println!(
             "{} of {} replay(s) ran by {consumer} closed their letter; audit row {audit_id}",
@@ -947,11 +1015,27 @@ async fn wait_for_replays(
             ran.len()
         );
     }
-    Ok(if open == 0 && not_requested.is_empty() {
-        EXIT_OK
-    } else {
-        EXIT_PROBLEMS
-    })
+    Ok(
+        if open == 0 && not_requested.is_empty() && not_run.is_empty() {
+            EXIT_OK
+        } else {
+            EXIT_PROBLEMS
+        },
+    )
+}
+
+/// The letter ids of the outcomes a consumer recorded (`ran_at`).
+fn ran_ids(outcomes: &serde_json::Value) -> Vec<String> {
+    outcomes
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|o| o.get("ran_at").is_some())
+                .filter_map(|o| o.get("id").and_then(serde_json::Value::as_str))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 async fn audit(ops: &Ops, out: &Output, limit: Option<i64>, before: Option<i64>) -> Outcome {

@@ -14,6 +14,10 @@ ALTER TABLE outbox_dead_letters ADD COLUMN replay_audit_id bigint;
 CREATE INDEX outbox_dead_letters_replay_idx ON outbox_dead_letters (consumer_name, id)
     WHERE replay_requested_at IS NOT NULL AND resolved_at IS NULL;
 
+-- Skipped events, for the operations API's counts (each status has its
+-- partial index, so counting never reads the published history).
+CREATE INDEX outbox_events_skipped_idx ON outbox_events (seq) WHERE status = 'skipped';
+
 -- Listing failed events by time and filtering letters by kind.
 CREATE INDEX outbox_events_failed_at_idx ON outbox_events (failed_at) WHERE status = 'failed';
 CREATE INDEX outbox_dead_letters_kind_idx ON outbox_dead_letters (consumer_name, kind, id)

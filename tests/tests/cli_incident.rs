@@ -308,7 +308,8 @@ async fn an_incident_is_found_repaired_and_audited_with_the_cli() {
     ));
     golden(
         "quarantine_list",
-        &tool.ok(&["quarantine", "--consumer", "parcels", "list"]),
+        // --consumer goes before or after the subcommand.
+        &tool.ok(&["quarantine", "list", "--consumer", "parcels"]),
     );
     let quarantined = tool.json(&["quarantine", "--consumer", "parcels", "list"]);
     let letter_id = quarantined["items"][0]["id"].as_i64().unwrap().to_string();

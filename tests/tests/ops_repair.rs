@@ -174,7 +174,7 @@ async fn a_skipped_head_releases_its_aggregate_and_stays_inspectable() {
             .last_error
             .as_deref()
             .unwrap()
-            .starts_with("skipped by ada: v1 of ch-1 was a test charge"),
+            .starts_with("skipped by ada: v1 of ch-1 was a test charge, never to be sent (last error: permanent: schema rejected by the broker"),
         "{:?}",
         skipped.last_error
     );
@@ -524,10 +524,96 @@ async fn discarded_letters_are_closed_with_who_and_why() {
     let replay = consumer.replay(&[first], &request("r")).await.unwrap();
     assert_eq!(replay.letters[0].1, ReplayOutcome::NotFound);
     let asked = ops
-        .request_replay("billing", &[first], &request("r"))
+        .request_replay("billing", LetterKind::DeadLettered, &[first], &request("r"))
         .await
         .unwrap();
     assert_eq!(asked.outcomes[0].outcome, "already_resolved");
+    // Letters are repaired by their kind: a dead letter is not in quarantine.
+    let open_id = still_open.items[0].id.to_string();
+    let wrong = tool(
+        &db,
+        &[
+            "--json",
+            "quarantine",
+            "discard",
+            "--consumer",
+            "billing",
+            "--id",
+            &open_id,
+            "--reason",
+            "r",
+        ],
+    );
+    assert_eq!(wrong.status.code(), Some(1), "{}", stderr(&wrong));
+    let wrong: Value = serde_json::from_slice(&wrong.stdout).unwrap();
+    assert_eq!(wrong["outcomes"][0]["outcome"], "wrong_kind");
+    assert!(
+        ops.letter("billing", still_open.items[0].id)
+            .await
+            .unwrap()
+            .unwrap()
+            .resolved_at
+            .is_none()
+    );
+    // Nobody runs the consumer: --wait gives up with exit 1; the request
+    // stays, and a second one is refused as already asked for.
+    let waited = tool(
+        &db,
+        &[
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "replay",
+            "--aggregate-id",
+            "c1",
+            "--limit",
+            "1",
+            "--yes",
+            "--reason",
+            "r",
+            "--wait",
+            "1s",
+        ],
+    );
+    assert_eq!(waited.status.code(), Some(1), "{}", stderr(&waited));
+    assert!(
+        stderr(&waited).contains("did not run within 1s"),
+        "{}",
+        stderr(&waited)
+    );
+    assert!(stdout(&waited).contains("not_run"), "{}", stdout(&waited));
+    let second_ask = ops
+        .request_replay(
+            "billing",
+            LetterKind::DeadLettered,
+            &[still_open.items[0].id],
+            &request("two"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(second_ask.outcomes[0].outcome, "already_requested");
+    let out_of_range = tool(
+        &db,
+        &[
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "replay",
+            "--aggregate-id",
+            "c1",
+            "--limit",
+            "0",
+            "--yes",
+            "--reason",
+            "r",
+        ],
+    );
+    assert_eq!(out_of_range.status.code(), Some(2));
+    assert!(
+        stderr(&out_of_range).contains("out of range"),
+        "{}",
+        stderr(&out_of_range)
+    );
     // The quarantine view does not mix in dead letters.
     let wrong_kind = tool(
         &db,

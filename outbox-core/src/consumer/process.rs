@@ -439,7 +439,7 @@ impl Consumer {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(panic)) => Err(HandlerError::retryable(format!(
                 "handler panicked: {}",
-                panic_message(&panic)
+                crate::redact::scrub_message(&panic_message(&panic))
             ))),
             Err(_) => Err(HandlerError::retryable(format!(
                 "handler timed out after {timeout:?}"

@@ -210,10 +210,10 @@ impl Consumer {
     /// Runs the replays an operator asked for (`outbox quarantine replay`,
     /// `Ops::request_replay`): each requested open letter of this consumer
     /// goes through [`Consumer::replay`]'s path, and its outcome is added to
-    /// the request's audit row in the transaction that settles the letter
-    /// (so whoever sees the letter settled finds the outcome recorded). A
-    /// replay that does not close its letter clears the request: it is not
-    /// retried on its own. The consumer's task calls this every
+    /// the request's audit row (with `ran_at`) in the transaction that
+    /// settles the letter. The request is taken before the replay runs, so
+    /// it runs once, on one instance; a replay that does not close its letter
+    /// is not retried on its own. The consumer's task calls this every
     /// `sweep_interval`; returns how many ran.
     pub async fn run_requested_replays(&self) -> Result<usize, ConsumerError> {
         let sql = &self.inner.sql;
@@ -229,12 +229,32 @@ impl Consumer {
                 .await
                 .map_err(self.db_error("reading replay requests"))?
         };
-        for (letter_id, audit_id) in &requested {
+        let mut ran = 0;
+        for letter_id in requested {
+            // Taking the request is its own statement: of several instances
+            // one takes it, and a request runs at most once (a crash before
+            // its outcome leaves the letter open and the audit row without
+            // an outcome for it; the operator asks again).
+            let taken = {
+                let mut conn = self
+                    .inner
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(self.db_error("acquiring a connection"))?;
+                sql.take_replay_request(&mut conn, name, letter_id)
+                    .await
+                    .map_err(self.db_error("taking a replay request"))?
+            };
+            let Some(audit_id) = taken else {
+                continue;
+            };
             let request = Requested {
                 audit: AuditSql::new(&self.inner.schema),
-                audit_id: *audit_id,
+                audit_id,
             };
-            let outcome = self.replay_one(*letter_id, Some(&request)).await?;
+            let outcome = self.replay_one(letter_id, Some(&request)).await?;
+            ran += 1;
             metrics::counter!(
                 m::CONSUMER_REPLAYS,
                 "consumer" => self.inner.name.to_string(),
@@ -243,12 +263,11 @@ impl Consumer {
             .increment(1);
             tracing::info!(consumer = %name, letter_id, outcome = outcome.label(), "requested replay ran");
         }
-        Ok(requested.len())
+        Ok(ran)
     }
 
-    /// Settles a requested replay in the transaction that settles its
-    /// letter: clears the request when the letter stays open, and appends
-    /// the outcome to the request's audit row.
+    /// Records a requested replay's outcome in the request's audit row, in
+    /// the transaction that settles its letter.
     async fn settle_request(
         &self,
         conn: &mut sqlx::PgConnection,
@@ -259,13 +278,6 @@ impl Consumer {
         let Some(requested) = requested else {
             return Ok(());
         };
-        if !outcome.resolved() {
-            self.inner
-                .sql
-                .clear_replay_request(conn, &self.inner.name, letter_id)
-                .await
-                .map_err(self.db_error("clearing a replay request"))?;
-        }
         if let Some(audit_id) = requested.audit_id {
             let mut entry = serde_json::to_value(outcome).unwrap_or_default();
             if let Some(object) = entry.as_object_mut() {
@@ -297,7 +309,7 @@ impl Consumer {
             .await
             .map_err(self.db_error("reading a letter"))?
         else {
-            // Closed meanwhile (discarded, or replayed by another instance).
+            // Closed meanwhile (a direct replay): say so in the request's row.
             self.settle_request(&mut tx, letter_id, &ReplayOutcome::NotFound, requested)
                 .await?;
             tx.commit()
@@ -372,7 +384,7 @@ impl Consumer {
                                 if first_start {
                                     self.pin_start(&envelope).await?;
                                 }
-                                let error = error.to_string();
+                                let error = crate::redact::scrub_message(&error.to_string());
                                 let mut tx = self.begin().await?;
                                 sql.letter_replay_failed(&mut tx, name, letter_id, &error)
                                     .await
@@ -388,7 +400,8 @@ impl Consumer {
                             if self.is_strict() {
                                 self.set_position(&mut tx, &envelope).await?;
                             }
-                            self.record_lag(&envelope);
+                            // No lag: a replayed event is as old as its
+                            // letter, which says nothing about the stream.
                             self.inner.tally.applied();
                             (ReplayOutcome::Applied, self.is_strict().then_some(envelope))
                         }

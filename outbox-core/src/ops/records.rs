@@ -457,21 +457,6 @@ impl Ops {
         .transpose()
         .map_err(OpsError::database("reading a position"))
     }
-
-    /// How many of `letter_ids` still wait for their consumer to run a
-    /// requested replay.
-    pub async fn replays_waiting(
-        &self,
-        consumer: &str,
-        letter_ids: &[i64],
-    ) -> Result<i64, OpsError> {
-        sqlx::query_scalar(AssertSqlSafe(self.sql.replays_waiting.as_str()))
-            .bind(consumer)
-            .bind(letter_ids)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(OpsError::database("counting waiting replays"))
-    }
 }
 
 fn audit_record(row: &sqlx::postgres::PgRow) -> Result<AuditRecord, sqlx::Error> {

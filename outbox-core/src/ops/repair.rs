@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::{MAX_REPAIR_IDS, Ops, OpsError};
+use super::{LetterKind, MAX_REPAIR_IDS, Ops, OpsError};
 use crate::audit::{RepairError, RepairRequest};
 
 /// What a repair did to one id.
@@ -21,7 +21,7 @@ pub struct IdOutcome {
     pub id: String,
     /// `retried`, `skipped`, `republished`, `replay_requested`, `discarded`,
     /// `passed`, `not_failed`, `not_published`, `already_resolved`,
-    /// `not_at_gap`, `not_found`.
+    /// `already_requested`, `wrong_kind`, `not_at_gap`, `not_found`.
     pub outcome: String,
     /// More words, when there are any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -60,6 +60,13 @@ pub struct CleanupReport {
     pub executed: bool,
     /// The audit row, when executed.
     pub audit_id: Option<i64>,
+}
+
+/// A letter as a repair found it.
+struct LetterState {
+    kind: String,
+    resolution: Option<String>,
+    requested: bool,
 }
 
 fn check_ids<T>(ids: &[T]) -> Result<(), OpsError> {
@@ -101,8 +108,9 @@ impl Ops {
     }
 
     /// Skips failed heads: the event becomes `skipped` (never published,
-    /// kept for inspection, its last error prefixed with who and why) and
-    /// its aggregate's later events go on.
+    /// kept for inspection; its `last_error` becomes `skipped by <operator>:
+    /// <reason> (last error: <the publish error>)`) and its aggregate's
+    /// later events go on.
     pub async fn skip_failed(
         &self,
         ids: &[Uuid],
@@ -222,31 +230,38 @@ impl Ops {
         Ok(RepairReport { audit_id, outcomes })
     }
 
-    /// Asks the running consumer to replay open letters: they are marked,
-    /// and the consumer (which has the handlers) runs each through
-    /// `Consumer::replay` at its next sweep, appending the outcome to this
-    /// repair's audit row. The letter shows `replay_requested_at` until then.
+    /// Asks the running consumer to replay open letters of `kind`: they
+    /// are marked, and the consumer (which has the handlers) takes each
+    /// request at its next sweep, runs it through `Consumer::replay`'s path
+    /// and appends the outcome (with `ran_at`) to this repair's audit row.
+    /// The letter shows `replay_requested_at` until the consumer takes it.
+    /// A letter already requested is left to that request
+    /// (`already_requested`).
     pub async fn request_replay(
         &self,
         consumer: &str,
+        kind: LetterKind,
         letter_ids: &[i64],
         request: &RepairRequest,
     ) -> Result<RepairReport, OpsError> {
-        self.letter_repair(consumer, letter_ids, request, "consumer.replay", None)
+        self.letter_repair(consumer, kind, letter_ids, request, "consumer.replay", None)
             .await
     }
 
-    /// Closes open letters without running them, as `discarded by
-    /// <operator>: <reason>`; they stay listed with `--all`.
+    /// Closes open letters of `kind` without running them, as `discarded
+    /// by <operator>: <reason>` (a pending replay request goes with it);
+    /// they stay listed with `include_resolved`.
     pub async fn discard(
         &self,
         consumer: &str,
+        kind: LetterKind,
         letter_ids: &[i64],
         request: &RepairRequest,
     ) -> Result<RepairReport, OpsError> {
         let resolution = format!("discarded by {}: {}", request.operator(), request.reason());
         self.letter_repair(
             consumer,
+            kind,
             letter_ids,
             request,
             "consumer.discard",
@@ -258,6 +273,7 @@ impl Ops {
     async fn letter_repair(
         &self,
         consumer: &str,
+        kind: LetterKind,
         ids: &[i64],
         request: &RepairRequest,
         action: &str,
@@ -281,6 +297,7 @@ impl Ops {
                     .bind(consumer)
                     .bind(ids)
                     .bind(resolution)
+                    .bind(kind.as_str())
                     .fetch_all(&mut *tx)
                     .await
             }
@@ -289,6 +306,7 @@ impl Ops {
                     .bind(consumer)
                     .bind(ids)
                     .bind(audit_id)
+                    .bind(kind.as_str())
                     .fetch_all(&mut *tx)
                     .await
             }
@@ -296,7 +314,7 @@ impl Ops {
         .map_err(OpsError::database("repairing letters"))?
         .into_iter()
         .collect();
-        let states: HashMap<i64, Option<String>> =
+        let states: HashMap<i64, LetterState> =
             sqlx::query(AssertSqlSafe(self.sql.letter_states.as_str()))
                 .bind(consumer)
                 .bind(ids)
@@ -304,7 +322,16 @@ impl Ops {
                 .await
                 .map_err(OpsError::database("reading letters"))?
                 .iter()
-                .map(|row| Ok((row.try_get("id")?, row.try_get("resolution")?)))
+                .map(|row| {
+                    Ok((
+                        row.try_get("id")?,
+                        LetterState {
+                            kind: row.try_get("kind")?,
+                            resolution: row.try_get("resolution")?,
+                            requested: row.try_get("requested")?,
+                        },
+                    ))
+                })
                 .collect::<Result<_, sqlx::Error>>()
                 .map_err(OpsError::database("reading letters"))?;
         let done = if discard.is_some() {
@@ -317,16 +344,26 @@ impl Ops {
             .map(|id| {
                 let (outcome, detail) = if changed.contains(id) {
                     (done, None)
-                } else if let Some(resolution) = states.get(id) {
-                    (
-                        "already_resolved",
-                        Some(resolution.clone().unwrap_or_default()),
-                    )
                 } else {
-                    (
-                        "not_found",
-                        Some(format!("no letter {id} of consumer {consumer}")),
-                    )
+                    match states.get(id) {
+                        Some(state) if state.kind != kind.as_str() => (
+                            "wrong_kind",
+                            Some(format!("letter {id} is {}, not {}", state.kind, kind.as_str())),
+                        ),
+                        Some(LetterState {
+                            resolution: Some(resolution),
+                            ..
+                        }) => ("already_resolved", Some(resolution.clone())),
+                        Some(state) if state.requested => (
+                            "already_requested",
+                            Some("a replay is already asked for; the consumer runs it at its next sweep".to_owned()),
+                        ),
+                        Some(_) => ("already_resolved", None),
+                        None => (
+                            "not_found",
+                            Some(format!("no letter {id} of consumer {consumer}")),
+                        ),
+                    }
                 };
                 IdOutcome {
                     id: id.to_string(),

@@ -86,8 +86,10 @@ pub struct BlockedRecord {
     pub blocked_since: DateTime<Utc>,
 }
 
-/// One consumer as its tables show it (lag and duplicates are metrics:
-/// `outbox_consumer_lag_seconds`, `outbox_consumer_duplicates_total`).
+/// One consumer as its tables show it: parked messages and open letters,
+/// and the figures its task flushes to `outbox_consumer_stats` (the live
+/// ones are the metrics `outbox_consumer_lag_seconds` and
+/// `outbox_consumer_duplicates_total`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ConsumerStatus {
     /// The consumer.
@@ -126,7 +128,7 @@ pub struct Status {
     pub event_types: Vec<EventTypeBacklog>,
     /// Blocked aggregates, oldest first (up to the limit).
     pub blocked: Vec<BlockedRecord>,
-    /// Every consumer with positions, parked messages or open letters.
+    /// Every consumer with flushed stats, parked messages or open letters.
     pub consumers: Vec<ConsumerStatus>,
     /// What needs an operator, one line each (empty: healthy).
     pub problems: Vec<String>,
@@ -139,10 +141,6 @@ fn age(at: Option<DateTime<Utc>>) -> Option<f64> {
 impl Ops {
     /// Reads the status; `problems` lists what a health check should flag.
     pub async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {
-        let totals = sqlx::query(AssertSqlSafe(self.sql.totals.as_str()))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(OpsError::database("counting the backlog"))?;
         let table = format!("{}.outbox_events", self.schema.quoted());
         let (dead_tuples, live_tuples): (i64, i64) =
             sqlx::query_as(AssertSqlSafe(self.sql.tuples.as_str()))
@@ -150,35 +148,38 @@ impl Ops {
                 .fetch_one(&self.pool)
                 .await
                 .map_err(OpsError::database("reading table statistics"))?;
-        let read = |doing| OpsError::database(doing);
-        let backlog = Backlog {
-            pending: totals.try_get("pending").map_err(read("reading counts"))?,
-            retrying: totals.try_get("retrying").map_err(read("reading counts"))?,
-            failed: totals.try_get("failed").map_err(read("reading counts"))?,
-            skipped: totals.try_get("skipped").map_err(read("reading counts"))?,
-            oldest_pending_age_seconds: age(totals
-                .try_get("oldest_pending")
-                .map_err(read("reading counts"))?),
-            dead_tuples,
-            live_tuples,
-        };
+        let mut oldest_pending: Option<DateTime<Utc>> = None;
         let event_types = sqlx::query(AssertSqlSafe(self.sql.per_event_type.as_str()))
             .fetch_all(&self.pool)
             .await
             .map_err(OpsError::database("counting per event type"))?
             .iter()
             .map(|row| {
+                let oldest: Option<DateTime<Utc>> = row.try_get("oldest_pending")?;
+                oldest_pending = match (oldest_pending, oldest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 Ok(EventTypeBacklog {
                     event_type: row.try_get("event_type")?,
                     pending: row.try_get("pending")?,
                     retrying: row.try_get("retrying")?,
                     failed: row.try_get("failed")?,
                     skipped: row.try_get("skipped")?,
-                    oldest_pending_age_seconds: age(row.try_get("oldest_pending")?),
+                    oldest_pending_age_seconds: age(oldest),
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(OpsError::database("reading counts per event type"))?;
+        let backlog = Backlog {
+            pending: event_types.iter().map(|t| t.pending).sum(),
+            retrying: event_types.iter().map(|t| t.retrying).sum(),
+            failed: event_types.iter().map(|t| t.failed).sum(),
+            skipped: event_types.iter().map(|t| t.skipped).sum(),
+            oldest_pending_age_seconds: age(oldest_pending),
+            dead_tuples,
+            live_tuples,
+        };
         let blocked = self.blocked(options.blocked_limit).await?;
         let consumers = sqlx::query(AssertSqlSafe(self.sql.consumers.as_str()))
             .fetch_all(&self.pool)

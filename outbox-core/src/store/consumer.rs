@@ -75,7 +75,7 @@ pub(crate) struct ConsumerSql {
     lock_letter: String,
     requested_replays: String,
     flush_stats: String,
-    clear_replay_request: String,
+    take_replay_request: String,
     resolve_letter: String,
     letter_replay_failed: String,
 }
@@ -331,7 +331,7 @@ impl ConsumerSql {
             // Replays an operator asked for (the CLI marks them; this
             // consumer has the handlers).
             requested_replays: format!(
-                "SELECT id, replay_audit_id FROM {s}.outbox_dead_letters
+                "SELECT id FROM {s}.outbox_dead_letters
                  WHERE consumer_name = $1 AND replay_requested_at IS NOT NULL AND resolved_at IS NULL
                  ORDER BY id LIMIT 100"
             ),
@@ -350,9 +350,12 @@ impl ConsumerSql {
                     last_applied_at = greatest(t.last_applied_at, EXCLUDED.last_applied_at),
                     updated_at = now()"
             ),
-            clear_replay_request: format!(
+            // Takes a request: of several instances, one gets the row.
+            take_replay_request: format!(
                 "UPDATE {s}.outbox_dead_letters SET replay_requested_at = NULL
-                 WHERE id = $1 AND consumer_name = $2"
+                 WHERE id = $1 AND consumer_name = $2
+                   AND replay_requested_at IS NOT NULL AND resolved_at IS NULL
+                 RETURNING replay_audit_id"
             ),
             resolve_letter: format!(
                 "UPDATE {s}.outbox_dead_letters
@@ -826,13 +829,13 @@ impl ConsumerSql {
         .transpose()
     }
 
-    /// Replay requests of `consumer`: letter ids with their audit rows.
+    /// Letters of `consumer` with a replay request.
     pub(crate) async fn requested_replays(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
-    ) -> sqlx::Result<Vec<(i64, Option<i64>)>> {
-        sqlx::query_as(AssertSqlSafe(self.requested_replays.as_str()))
+    ) -> sqlx::Result<Vec<i64>> {
+        sqlx::query_scalar(AssertSqlSafe(self.requested_replays.as_str()))
             .bind(consumer)
             .fetch_all(conn)
             .await
@@ -859,20 +862,20 @@ impl ConsumerSql {
         Ok(())
     }
 
-    /// Replay: a request that ran (and did not close the letter) is not
-    /// run again until asked again.
-    pub(crate) async fn clear_replay_request(
+    /// Takes a replay request: the audit row it names (`Some(None)` for a
+    /// request without one), or `None` when another instance took it or
+    /// the letter was closed.
+    pub(crate) async fn take_replay_request(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         letter_id: i64,
-    ) -> sqlx::Result<()> {
-        sqlx::query(AssertSqlSafe(self.clear_replay_request.as_str()))
+    ) -> sqlx::Result<Option<Option<i64>>> {
+        sqlx::query_scalar(AssertSqlSafe(self.take_replay_request.as_str()))
             .bind(letter_id)
             .bind(consumer)
-            .execute(conn)
-            .await?;
-        Ok(())
+            .fetch_optional(conn)
+            .await
     }
 
     /// Replay: closes a letter with what happened; false when it was not

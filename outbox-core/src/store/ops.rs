@@ -8,14 +8,12 @@ use super::SchemaName;
 /// The operations statements of one schema.
 #[derive(Debug, Clone)]
 pub(crate) struct OpsSql {
-    /// Counts of unpublished rows. No binds.
-    pub(crate) totals: String,
     /// Per event type: pending, retrying, failed, skipped, oldest pending.
     pub(crate) per_event_type: String,
     /// Dead and live tuples. Binds: regclass text.
     pub(crate) tuples: String,
-    /// Consumers known from their positions, parked messages and letters,
-    /// with their counts.
+    /// Consumers known from their stats, parked messages and open
+    /// letters, with their counts.
     pub(crate) consumers: String,
     /// Events by status with filters. Binds: status, event_type,
     /// aggregate_type, aggregate_id, since, until, error text, after seq,
@@ -47,9 +45,6 @@ pub(crate) struct OpsSql {
     pub(crate) discard: String,
     /// Letters of a consumer that exist, open or not. Binds: consumer, ids.
     pub(crate) letter_states: String,
-    /// Open letters of a consumer still waiting for a requested replay.
-    /// Binds: consumer, ids.
-    pub(crate) replays_waiting: String,
     /// One audit row. Binds: id.
     pub(crate) audit_entry: String,
     /// One aggregate's position at a consumer. Binds: consumer,
@@ -72,14 +67,8 @@ impl OpsSql {
                               aggregate_id, aggregate_version, headers::text AS headers, payload, reason, attempts,
                               created_at, resolved_at, resolution, replays, last_replay_error, replay_requested_at";
         OpsSql {
-            totals: format!(
-                "SELECT count(*) FILTER (WHERE status = 'pending' AND attempt_count = 0) AS pending,
-                        count(*) FILTER (WHERE status = 'pending' AND attempt_count > 0) AS retrying,
-                        count(*) FILTER (WHERE status = 'failed') AS failed,
-                        count(*) FILTER (WHERE status = 'skipped') AS skipped,
-                        min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
-                 FROM {s}.outbox_events WHERE status <> 'published'"
-            ),
+            // Each arm reads one status through its partial index, never
+            // the published history.
             per_event_type: format!(
                 "SELECT event_type,
                         count(*) FILTER (WHERE status = 'pending' AND attempt_count = 0) AS pending,
@@ -87,7 +76,13 @@ impl OpsSql {
                         count(*) FILTER (WHERE status = 'failed') AS failed,
                         count(*) FILTER (WHERE status = 'skipped') AS skipped,
                         min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
-                 FROM {s}.outbox_events WHERE status <> 'published'
+                 FROM (
+                    SELECT event_type, status, attempt_count, created_at FROM {s}.outbox_events WHERE status = 'pending'
+                    UNION ALL
+                    SELECT event_type, status, attempt_count, created_at FROM {s}.outbox_events WHERE status = 'failed'
+                    UNION ALL
+                    SELECT event_type, status, attempt_count, created_at FROM {s}.outbox_events WHERE status = 'skipped'
+                 ) unpublished
                  GROUP BY event_type ORDER BY event_type"
             ),
             tuples: "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
@@ -157,7 +152,8 @@ impl OpsSql {
             ),
             skip_failed: format!(
                 "WITH skipped AS (
-                    UPDATE {s}.outbox_events SET status = 'skipped', last_error = $2
+                    UPDATE {s}.outbox_events
+                    SET status = 'skipped', last_error = $2 || coalesce(' (last error: ' || last_error || ')', '')
                     WHERE id = ANY($1) AND status = 'failed'
                     RETURNING id
                  ),
@@ -178,19 +174,15 @@ impl OpsSql {
             request_replay: format!(
                 "UPDATE {s}.outbox_dead_letters
                  SET replay_requested_at = now(), replay_audit_id = $3
-                 WHERE consumer_name = $1 AND id = ANY($2) AND resolved_at IS NULL
+                 WHERE consumer_name = $1 AND id = ANY($2) AND kind = $4
+                   AND resolved_at IS NULL AND replay_requested_at IS NULL
                  RETURNING id"
             ),
             discard: format!(
                 "UPDATE {s}.outbox_dead_letters
                  SET resolved_at = now(), resolution = $3, replay_requested_at = NULL
-                 WHERE consumer_name = $1 AND id = ANY($2) AND resolved_at IS NULL
+                 WHERE consumer_name = $1 AND id = ANY($2) AND kind = $4 AND resolved_at IS NULL
                  RETURNING id"
-            ),
-            replays_waiting: format!(
-                "SELECT count(*) FROM {s}.outbox_dead_letters
-                 WHERE consumer_name = $1 AND id = ANY($2)
-                   AND replay_requested_at IS NOT NULL AND resolved_at IS NULL"
             ),
             audit_entry: format!(
                 "SELECT id, at, operator, reason, action, target, ids, outcomes FROM {s}.outbox_audit WHERE id = $1"
@@ -207,7 +199,8 @@ impl OpsSql {
                  RETURNING version"
             ),
             letter_states: format!(
-                "SELECT id, resolution FROM {s}.outbox_dead_letters WHERE consumer_name = $1 AND id = ANY($2)"
+                "SELECT id, kind, resolution, replay_requested_at IS NOT NULL AS requested
+                 FROM {s}.outbox_dead_letters WHERE consumer_name = $1 AND id = ANY($2)"
             ),
             count_old_published: format!(
                 "SELECT count(*) FROM {s}.outbox_events

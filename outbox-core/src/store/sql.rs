@@ -415,8 +415,9 @@ impl RelaySql {
         let live_workers = format!(
             "SELECT count(*) FROM {s}.outbox_relay_listeners WHERE heartbeat_at > now() - interval '30 seconds'"
         );
-        // One pass over the pending and failed rows (the partial indexes),
-        // grouped by event type; the totals are summed from it.
+        // One pass over the pending and failed rows, each status through
+        // its partial index (never the published history), grouped by
+        // event type; the totals are summed from it.
         let stats = format!(
             "SELECT
                 (SELECT coalesce(json_agg(t ORDER BY t.event_type), '[]')::text FROM (
@@ -424,7 +425,9 @@ impl RelaySql {
                            count(*) FILTER (WHERE status = 'pending') AS pending,
                            count(*) FILTER (WHERE status = 'failed') AS failed,
                            min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending_at
-                    FROM {s}.outbox_events WHERE status IN ('pending', 'failed')
+                    FROM (SELECT event_type, status, created_at FROM {s}.outbox_events WHERE status = 'pending'
+                          UNION ALL
+                          SELECT event_type, status, created_at FROM {s}.outbox_events WHERE status = 'failed') u
                     GROUP BY event_type) t) AS event_types,
                 (SELECT count(*) FROM {s}.outbox_blocked_aggregates b
                  JOIN {s}.outbox_events h ON h.id = b.head_event_id
