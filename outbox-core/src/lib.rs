@@ -7,8 +7,8 @@
 //!   version, aggregate id, redacted fields, upcasting from older versions.
 //! - [`Outbox::emit`] writes an event in the caller's own sqlx transaction.
 //! - [`relay::Relay`] publishes committed events at least once, in order per
-//!   aggregate, through a [`transport::Transport`] (NATS JetStream:
-//!   [`transport::nats`]).
+//!   aggregate, through a [`transport::Transport`] (the crates
+//!   `outbox-nats`, `outbox-kafka` and `outbox-rabbitmq` implement it).
 //! - [`consumer::ConsumerBuilder`] builds a consumer that applies each event
 //!   once per consumer in its own transaction, with typed handlers, ordering
 //!   policies, quarantine, dead letters and [`consumer::Consumer::replay`].
@@ -20,9 +20,8 @@
 //! apply their database effects once per (consumer, event id); ordering is
 //! per aggregate, never global.
 //!
-//! The examples below run against the PostgreSQL at `DATABASE_URL` and the
-//! NATS server at `NATS_URL` (the repository's `scripts/test.sh` starts
-//! both), each in a schema of its own.
+//! The examples below run against the PostgreSQL at `DATABASE_URL` (the
+//! repository's `scripts/test.sh` starts it), each in a schema of its own.
 //!
 //! ## A contract and an emit
 //!
@@ -60,13 +59,31 @@
 //!
 //! ## The relay
 //!
+//! The relay talks to a broker through the [`transport::Transport`] seam;
+//! the broker crates implement it (`outbox_nats::NatsTransport`,
+//! `outbox_kafka::KafkaTransport`, `outbox_rabbitmq::RabbitTransport`).
+//! Here a transport that keeps what it is given:
+//!
 //! ```
 //! # use outbox_core::{Outbox, OutboxEvent};
 //! # use outbox_core::store::SchemaName;
+//! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
+//! use outbox_core::Envelope;
 //! use outbox_core::relay::{Relay, RelayConfig, RelayStore};
-//! use outbox_core::store::{PgRelayStore};
-//! use outbox_core::transport::nats::{NatsConfig, NatsTransport};
+//! use outbox_core::store::PgRelayStore;
+//! use outbox_core::transport::{PublishFailure, Transport};
+//!
+//! #[derive(Clone, Default)]
+//! struct Kept(Arc<Mutex<Vec<Envelope>>>);
+//!
+//! impl Transport for Kept {
+//!     async fn publish(&self, events: &[&Envelope]) -> Vec<Result<(), PublishFailure>> {
+//!         let mut kept = self.0.lock().unwrap();
+//!         events.iter().map(|e| { kept.push((*e).clone()); Ok(()) }).collect()
+//!     }
+//!     fn name(&self) -> &'static str { "kept" }
+//! }
 //! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
 //! # #[outbox(event_type = "doc.order_shipped", aggregate = "doc_shipment", version = 1)]
 //! # struct OrderPlaced { #[outbox(aggregate_id)] order_id: String, total_cents: i64 }
@@ -80,14 +97,8 @@
 //! # let mut tx = pool.begin().await?;
 //! # outbox.emit(&mut tx, &OrderPlaced { order_id: "o-1".into(), total_cents: 1 }).await?;
 //! # tx.commit().await?;
-//! let nats = NatsConfig {
-//!     url: std::env::var("NATS_URL").unwrap_or_else(|_| NatsConfig::default().url),
-//!     stream: format!("DOC_RELAY_{}", std::process::id()),
-//!     subject_template: format!("doc{}.{{aggregate_type}}.{{event_type}}", std::process::id()),
-//!     ..NatsConfig::default()
-//! };
-//! let transport = NatsTransport::connect(nats.clone()).await?; // creates the stream
-//! let relay = Relay::start_postgres(pool.clone(), schema.clone(), transport, RelayConfig::default()).await?;
+//! let kept = Kept::default();
+//! let relay = Relay::start_postgres(pool.clone(), schema.clone(), kept.clone(), RelayConfig::default()).await?;
 //!
 //! // What an operator sees, without the relay handle.
 //! let store = PgRelayStore::new(pool.clone(), schema.clone(), Default::default(), Duration::from_secs(120));
@@ -96,8 +107,7 @@
 //! }
 //! assert!(relay.health().is_up());
 //! relay.drain(Duration::from_secs(5)).await?;
-//! # let client = async_nats::connect(nats.url.as_str()).await?;
-//! # let _ = async_nats::jetstream::new(client).delete_stream(&nats.stream).await;
+//! assert_eq!(kept.0.lock().unwrap()[0].aggregate_id, "o-1");
 //! # sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", schema.quoted()))).execute(&pool).await?;
 //! # Ok(()) }
 //! ```
@@ -134,8 +144,8 @@
 //!     })
 //!     .build(pool.clone(), schema.clone())?;
 //!
-//! // Usually fed by `consumer.spawn(JetStreamSource::connect(..))`; any
-//! // envelope works too.
+//! // Usually fed by a broker crate's source (`consumer.spawn(source)`);
+//! // any envelope works too.
 //! let event = Envelope::for_event(&OrderPlaced { order_id: "o-1".into(), total_cents: 4200 }, 1)?;
 //! assert_eq!(consumer.handle_envelope(&event).await?, Outcome::Applied);
 //! assert_eq!(consumer.handle_envelope(&event).await?, Outcome::Duplicate);

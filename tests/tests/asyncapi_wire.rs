@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use outbox_codegen::{WriteMode, check_with, write_with};
 use outbox_core::transport::Transport;
-use outbox_core::transport::nats::{NatsConfig, NatsTransport};
 use outbox_core::{ContractRegistry, Envelope, OutboxEvent};
 use outbox_examples::contracts::{
     CancelReason, Money, OrderCancelled, OrderCreated, OrderCreatedV1, OrderLine, OrderShipped,
     PaymentCaptured,
 };
+use outbox_nats::{NatsConfig, NatsTransport};
 use outbox_tests::{NatsServer, jetstream};
 use serde_json::{Value, json};
 use uuid::Uuid;

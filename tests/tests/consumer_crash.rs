@@ -9,9 +9,7 @@ use outbox_core::consumer::ConsumerConfig;
 use outbox_core::failpoint::{self, Action, CONSUMER_AFTER_COMMIT};
 use outbox_core::metrics as m;
 use outbox_core::transport::Transport;
-use outbox_core::transport::nats::{
-    JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport,
-};
+use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
 use outbox_tests::consumers::{create_effects, effects, tick, tick_consumer};
 use outbox_tests::{NatsServer, TestDb, metrics, wait};
 

@@ -14,10 +14,8 @@ use outbox_core::metrics as m;
 use outbox_core::relay::{Backoff, Relay, RelayConfig};
 use outbox_core::trace::TraceParent;
 use outbox_core::transport::Transport;
-use outbox_core::transport::nats::{
-    JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport, header_name,
-};
 use outbox_core::{Envelope, ce};
+use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport, header_name};
 use outbox_tests::consumers::{
     create_effects, effects, letters, record_effect, tick, tick_consumer,
 };

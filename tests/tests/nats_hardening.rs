@@ -14,10 +14,10 @@ use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Outcome};
 use outbox_core::encoding::{decode_token, encode_header_value};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
-use outbox_core::transport::nats::{
+use outbox_core::{Envelope, metrics as m};
+use outbox_nats::{
     JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport, durable_for_filter,
 };
-use outbox_core::{Envelope, metrics as m};
 use outbox_tests::consumers::{create_effects, effect_handler, effects, letters, tick};
 use outbox_tests::events::{ParcelBooked, PieceMoved, Ticked};
 use outbox_tests::{NatsServer, TestDb, jetstream, metrics, wait};

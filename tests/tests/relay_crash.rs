@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::transport::nats::{NatsConfig, NatsTransport};
+use outbox_nats::{NatsConfig, NatsTransport};
 use outbox_tests::events::emit_ticks;
 use outbox_tests::jetstream::{count, read_all};
 use outbox_tests::transports::Counting;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox_core::relay::failpoint::{self, AFTER_PUBLISH, Action};
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::transport::nats::{NatsConfig, NatsTransport};
+use outbox_nats::{NatsConfig, NatsTransport};
 use outbox_tests::events::emit_ticks;
 use outbox_tests::jetstream::count;
 use outbox_tests::transports::Counting;

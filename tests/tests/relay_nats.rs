@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use outbox_core::relay::{Backoff, Relay, RelayConfig};
-use outbox_core::transport::nats::{NatsConfig, NatsError, NatsTransport};
 use outbox_core::transport::{Transport, TransportHealth};
 use outbox_core::{EventDraft, OutboxEvent};
+use outbox_nats::{NatsConfig, NatsError, NatsTransport};
 use outbox_tests::events::{Ticked, emit_ticks};
 use outbox_tests::jetstream::{StoredMessage, read_all};
 use outbox_tests::{NatsServer, TestDb, wait};

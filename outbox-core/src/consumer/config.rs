@@ -166,7 +166,7 @@ impl ConsumerConfig {
 }
 
 /// Checks a consumer name: 1 to 200 characters, letters, digits, `_`, `-`, `.`.
-pub(crate) fn validate_name(name: &str) -> Result<(), ConfigError> {
+pub fn validate_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= 200
         && name

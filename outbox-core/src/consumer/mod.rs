@@ -73,8 +73,7 @@ pub use source::{
 };
 pub use strict::SweepReport;
 
-#[cfg(feature = "nats")]
-pub(crate) use config::validate_name as validate_durable;
+pub use config::validate_name as validate_consumer_name;
 
 use crate::registry::ContractRegistry;
 use crate::store::SchemaName;

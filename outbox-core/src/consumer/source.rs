@@ -1,8 +1,8 @@
 //! Where messages come from: a [`MessageSource`] hands out deliveries, and
 //! each [`Delivery`] is acknowledged (after the consumer's commit) or sent
-//! back for a later retry. JetStream implements it in
-//! [`crate::transport::nats`]; [`channel`] feeds a consumer from any stream
-//! of envelopes (tests, other transports, a replay).
+//! back for a later retry. The broker crates implement it (`outbox-nats`,
+//! `outbox-kafka`, `outbox-rabbitmq`); [`channel`] feeds a consumer from
+//! any stream of envelopes (tests, a bridge, a replay).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -1,10 +1,11 @@
 //! The transport seam: how the relay hands events to a broker. The relay
-//! knows this trait only; NATS JetStream is the first implementation
-//! (feature `nats`), Kafka and RabbitMQ follow behind the same trait.
+//! knows this trait only. Each broker is its own crate behind it:
+//! `outbox-nats` (NATS JetStream), `outbox-kafka` and `outbox-rabbitmq`;
+//! the consumer side of each implements
+//! [`MessageSource`](crate::consumer::MessageSource).
 
 pub use crate::encoding;
-#[cfg(feature = "nats")]
-pub mod nats;
+pub mod template;
 
 use std::fmt;
 use std::future::Future;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::SchemaName;
-use outbox_core::transport::nats::{NatsConfig, NatsTransport};
+use outbox_nats::{NatsConfig, NatsTransport};
 use sqlx::postgres::PgPoolOptions;
 
 #[tokio::main]

@@ -1,5 +1,5 @@
 //! The JetStream subscription side: durable pull consumers whose messages
-//! feed a [`Consumer`](crate::consumer::Consumer). Explicit acks, sent only
+//! feed a [`Consumer`](outbox_core::consumer::Consumer). Explicit acks, sent only
 //! after the consumer's transaction committed; a failed handler's message
 //! comes back through a delayed NAK; the ack wait and the delivery limit
 //! follow the consumer's retry policy.
@@ -26,9 +26,9 @@ use futures_util::{FutureExt, Stream, StreamExt};
 use sha2::Digest;
 
 use super::{NatsConfig, NatsError, SubjectTemplate, connect, is_connected};
-use crate::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
-use crate::encoding::decode_header_value;
-use crate::store::ConfigError;
+use outbox_core::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
+use outbox_core::encoding::decode_header_value;
+use outbox_core::store::ConfigError;
 
 /// Settings of a JetStream source.
 #[derive(Debug, Clone)]
@@ -168,7 +168,7 @@ impl JetStreamSource {
     /// it can: the consumer loop sees a source error per failed pull and
     /// backs off.
     pub async fn connect(config: JetStreamSourceConfig) -> Result<JetStreamSource, NatsError> {
-        crate::consumer::validate_durable(&config.durable)?;
+        outbox_core::consumer::validate_consumer_name(&config.durable)?;
         if config.ack_wait.is_zero() {
             return Err(ConfigError::InvalidValue {
                 what: "JetStream ack_wait",
@@ -307,7 +307,7 @@ impl JetStreamDelivery {
             Err(_) => (1, None),
         };
         if let Some(pending) = pending {
-            metrics::gauge!(crate::metrics::CONSUMER_PENDING, "consumer" => Arc::clone(durable))
+            metrics::gauge!(outbox_core::metrics::CONSUMER_PENDING, "consumer" => Arc::clone(durable))
                 .set(pending as f64);
         }
         let mut attributes = Vec::new();

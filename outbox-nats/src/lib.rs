@@ -1,5 +1,9 @@
-//! NATS JetStream: the relay's publishing side (this file) and the
-//! settings both sides share.
+//! # outbox-nats
+//!
+//! NATS JetStream for `outbox-core`: [`NatsTransport`] publishes the relay's
+//! events, [`JetStreamSource`] feeds a consumer from a durable pull
+//! consumer. This file holds the publishing side and the settings both
+//! sides share.
 //!
 //! Each event goes to a subject rendered from a template
 //! (`events.{aggregate_type}.{event_type}` by default; an aggregate id in
@@ -16,6 +20,50 @@
 //! ([`Transport::health`]), the relay keeps events pending without using
 //! up their attempts, the client reconnects with backoff, and the stream
 //! is checked (or created) as soon as the server answers.
+//!
+//! ## The relay on JetStream
+//!
+//! Runs against the PostgreSQL at `DATABASE_URL` and the NATS server at
+//! `NATS_URL` (the repository's `scripts/test.sh` starts both).
+//!
+//! ```
+//! use std::time::Duration;
+//! use outbox_core::{Outbox, OutboxEvent};
+//! use outbox_core::relay::{Relay, RelayConfig, RelayStore};
+//! use outbox_core::store::{PgRelayStore, SchemaName};
+//! use outbox_nats::{NatsConfig, NatsTransport};
+//! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
+//! # #[outbox(event_type = "doc.order_shipped", aggregate = "doc_shipment", version = 1)]
+//! # struct OrderPlaced { #[outbox(aggregate_id)] order_id: String, total_cents: i64 }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+//! # let pool = sqlx::PgPool::connect(&url).await?;
+//! # let schema = SchemaName::new(format!("doc_nats_relay_{}", std::process::id()))?;
+//! # let outbox = Outbox::new(schema.clone());
+//! # outbox.migrate(&pool).await?;
+//! # let mut tx = pool.begin().await?;
+//! # outbox.emit(&mut tx, &OrderPlaced { order_id: "o-1".into(), total_cents: 1 }).await?;
+//! # tx.commit().await?;
+//! let nats = NatsConfig {
+//!     url: std::env::var("NATS_URL").unwrap_or_else(|_| NatsConfig::default().url),
+//!     stream: format!("DOC_RELAY_{}", std::process::id()),
+//!     subject_template: format!("doc{}.{{aggregate_type}}.{{event_type}}", std::process::id()),
+//!     ..NatsConfig::default()
+//! };
+//! let transport = NatsTransport::connect(nats.clone()).await?; // creates the stream
+//! let relay = Relay::start_postgres(pool.clone(), schema.clone(), transport, RelayConfig::default()).await?;
+//!
+//! let store = PgRelayStore::new(pool.clone(), schema.clone(), Default::default(), Duration::from_secs(120));
+//! while store.stats().await?.pending > 0 {
+//!     tokio::time::sleep(Duration::from_millis(20)).await;
+//! }
+//! relay.drain(Duration::from_secs(5)).await?;
+//! # let client = async_nats::connect(nats.url.as_str()).await?;
+//! # let _ = async_nats::jetstream::new(client).delete_stream(&nats.stream).await;
+//! # sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", schema.quoted()))).execute(&pool).await?;
+//! # Ok(()) }
+//! ```
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,36 +80,16 @@ pub use source::{
     JetStreamDelivery, JetStreamSource, JetStreamSourceConfig, common_filter, durable_for_filter,
 };
 
-use super::encoding::{encode_header_value, encode_token};
-use super::{PublishFailure, Transport, TransportHealth};
-use crate::envelope::Envelope;
-use crate::store::ConfigError;
-
-/// Placeholders a subject template may use.
-const PLACEHOLDERS: &[(&str, Part)] = &[
-    ("{aggregate_type}", Part::AggregateType),
-    ("{event_type}", Part::EventType),
-    ("{aggregate_id}", Part::AggregateId),
-];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    AggregateType,
-    EventType,
-    AggregateId,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
-    Literal(String),
-    Value(Part),
-}
+use outbox_core::Envelope;
+use outbox_core::encoding::{encode_header_value, encode_token};
+use outbox_core::store::ConfigError;
+use outbox_core::transport::template::{DestinationTemplate, Placeholder, Segment};
+use outbox_core::transport::{PublishFailure, Transport, TransportHealth};
 
 /// A validated subject template such as `events.{aggregate_type}.{event_type}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubjectTemplate {
-    text: String,
-    segments: Vec<Segment>,
+    template: DestinationTemplate,
     prefix: String,
 }
 
@@ -74,42 +102,10 @@ impl SubjectTemplate {
             what: "NATS subject template",
             reason: format!("{template:?}: {reason}"),
         };
-        let mut segments = Vec::new();
-        let mut rest = template;
-        while !rest.is_empty() {
-            if let Some(after) = rest.strip_prefix('{') {
-                let Some((name, tail)) = after.split_once('}') else {
-                    return Err(bad("unclosed `{`".into()));
-                };
-                let placeholder = format!("{{{name}}}");
-                let Some((_, part)) = PLACEHOLDERS.iter().find(|(p, _)| *p == placeholder) else {
-                    return Err(bad(format!(
-                        "unknown placeholder {placeholder}; use {{aggregate_type}}, {{event_type}} or {{aggregate_id}}"
-                    )));
-                };
-                segments.push(Segment::Value(*part));
-                rest = tail;
-            } else {
-                let end = rest.find('{').unwrap_or(rest.len());
-                let literal = &rest[..end];
-                if let Some(bad_char) = literal
-                    .chars()
-                    .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-                {
-                    return Err(bad(format!(
-                        "character {bad_char:?} is not allowed in a subject"
-                    )));
-                }
-                segments.push(Segment::Literal(literal.to_owned()));
-                rest = &rest[end..];
-            }
-        }
-        if !segments.iter().any(|s| matches!(s, Segment::Value(_))) {
-            return Err(bad(
-                "it uses no placeholder, so every event would share one subject".into(),
-            ));
-        }
-        let prefix = match segments.first() {
+        let parsed = DestinationTemplate::parse("NATS subject template", template, |c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+        })?;
+        let prefix = match parsed.segments().first() {
             Some(Segment::Literal(literal)) if literal.ends_with('.') && literal.len() > 1 => {
                 literal.clone()
             }
@@ -123,8 +119,7 @@ impl SubjectTemplate {
             return Err(bad("empty subject tokens (`..` or a leading `.`)".into()));
         }
         Ok(SubjectTemplate {
-            text: template.to_owned(),
-            segments,
+            template: parsed,
             prefix,
         })
     }
@@ -133,16 +128,7 @@ impl SubjectTemplate {
     /// for the aggregate id when the template uses it: a consumer's
     /// filter.
     pub fn filter_for(&self, aggregate_type: &str, event_type: &str) -> String {
-        let mut subject = String::with_capacity(64);
-        for segment in &self.segments {
-            match segment {
-                Segment::Literal(literal) => subject.push_str(literal),
-                Segment::Value(Part::AggregateType) => subject.push_str(aggregate_type),
-                Segment::Value(Part::EventType) => subject.push_str(event_type),
-                Segment::Value(Part::AggregateId) => subject.push('*'),
-            }
-        }
-        subject
+        self.template.render_with(aggregate_type, event_type, "*")
     }
 
     /// The subject filter that captures every rendered subject (`events.>`).
@@ -154,27 +140,17 @@ impl SubjectTemplate {
     /// id is written as one token ([`encode_token`]); the aggregate and
     /// event types are contract names and go in as they are.
     pub fn render(&self, envelope: &Envelope) -> Result<String, String> {
-        let mut subject = String::with_capacity(64);
-        for segment in &self.segments {
-            match segment {
-                Segment::Literal(literal) => subject.push_str(literal),
-                Segment::Value(Part::AggregateType) => subject.push_str(&envelope.aggregate_type),
-                Segment::Value(Part::EventType) => subject.push_str(&envelope.event_type),
-                Segment::Value(Part::AggregateId) => {
-                    if envelope.aggregate_id.is_empty() {
-                        return Err(format!(
-                            "the aggregate id is empty, so {:?} renders an empty subject token",
-                            self.text
-                        ));
-                    }
-                    subject.push_str(&encode_token(&envelope.aggregate_id))
-                }
-            }
+        if envelope.aggregate_id.is_empty() && self.template.uses(Placeholder::AggregateId) {
+            return Err(format!(
+                "the aggregate id is empty, so {:?} renders an empty subject token",
+                self.template.text()
+            ));
         }
+        let subject = self.template.render(envelope, encode_token);
         if subject.len() > MAX_SUBJECT_BYTES {
             return Err(format!(
                 "the subject rendered from {:?} is {} bytes long (the aggregate id is {} bytes before encoding); NATS refuses protocol lines over 4096 bytes, so at most {MAX_SUBJECT_BYTES} are published: shorten the id or drop {{aggregate_id}} from the template",
-                self.text,
+                self.template.text(),
                 subject.len(),
                 envelope.aggregate_id.len()
             ));
@@ -190,7 +166,7 @@ impl SubjectTemplate {
         } else {
             Err(format!(
                 "subject {subject:?} rendered from {:?} is not a valid NATS subject",
-                self.text
+                self.template.text()
             ))
         }
     }
@@ -423,7 +399,7 @@ impl NatsTransport {
             .timeout(config.ack_timeout)
             .max_ack_inflight(65_536)
             .build(client.clone());
-        let names = crate::envelope::ce::ALL
+        let names = outbox_core::ce::ALL
             .iter()
             .map(|attribute| {
                 let name =
