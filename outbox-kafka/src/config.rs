@@ -1,0 +1,212 @@
+//! Settings both sides share, the topic template, and the errors of
+//! starting up.
+
+use std::time::Duration;
+
+use outbox_core::Envelope;
+use outbox_core::store::ConfigError;
+use outbox_core::transport::template::{DestinationTemplate, Placeholder};
+use rdkafka::ClientConfig;
+
+/// The longest topic name Kafka accepts.
+const MAX_TOPIC_BYTES: usize = 249;
+
+/// Settings of the Kafka transport (and the source's connection).
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`: `host:port[,host:port...]` (default
+    /// `127.0.0.1:9092`).
+    pub bootstrap_servers: String,
+    /// The topic template (default `outbox.event.{aggregate_type}`, the
+    /// topic Debezium's outbox event router writes, so consumers written for
+    /// it can switch). Placeholders `{aggregate_type}` and `{event_type}`;
+    /// the aggregate id is the record key, never part of a topic.
+    pub topic_template: String,
+    /// CloudEvents `source` of this producer (default `/outbox`).
+    pub source: String,
+    /// Where the schema registry folder is served, ending in `/`; see
+    /// `NatsConfig::dataschema_base` in `outbox-nats`. Default none.
+    pub dataschema_base: Option<String>,
+    /// How long the producer tries to deliver one batch, retries included
+    /// (`message.timeout.ms`, default 30 s); after it, the batch's
+    /// undelivered messages are retryable failures.
+    pub delivery_timeout: Duration,
+    /// How long start-up and the health check wait for the cluster's
+    /// metadata (default 5 s).
+    pub connect_timeout: Duration,
+    /// Further librdkafka settings (security, `compression.type`,
+    /// `linger.ms`, ...), applied last. `enable.idempotence` and `acks`
+    /// cannot be weakened here: the transport refuses to start.
+    pub client: Vec<(String, String)>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            bootstrap_servers: "127.0.0.1:9092".to_owned(),
+            topic_template: "outbox.event.{aggregate_type}".to_owned(),
+            source: "/outbox".to_owned(),
+            dataschema_base: None,
+            delivery_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            client: Vec::new(),
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// Checks every setting, naming the first wrong one.
+    pub(crate) fn validate(&self) -> Result<TopicTemplate, ConfigError> {
+        let bad = |what: &'static str, reason: String| ConfigError::InvalidValue { what, reason };
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err(bad(
+                "Kafka bootstrap_servers",
+                "name at least one host:port".into(),
+            ));
+        }
+        if self.delivery_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(bad(
+                "Kafka timeouts",
+                "delivery_timeout and connect_timeout must be above zero".into(),
+            ));
+        }
+        if let Some(base) = &self.dataschema_base
+            && (!base.ends_with('/') || !base.contains(':') || base.contains(char::is_whitespace))
+        {
+            return Err(bad(
+                "Kafka dataschema_base",
+                format!("{base:?} must be an absolute URI ending in `/`"),
+            ));
+        }
+        for (key, value) in &self.client {
+            let weakens = match key.as_str() {
+                "enable.idempotence" => value != "true",
+                "acks" | "request.required.acks" => value != "all" && value != "-1",
+                _ => false,
+            };
+            if weakens {
+                return Err(bad(
+                    "Kafka client settings",
+                    format!(
+                        "{key}={value} would let a publish count as delivered before every in-sync replica has it, or reorder an aggregate's events on retry"
+                    ),
+                ));
+            }
+        }
+        TopicTemplate::new(&self.topic_template)
+    }
+
+    /// The client settings common to producer and consumer.
+    pub(crate) fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.bootstrap_servers)
+            .set("client.id", "outbox");
+        config
+    }
+
+    /// Applies the user's settings last.
+    pub(crate) fn apply_extra(&self, config: &mut ClientConfig) {
+        for (key, value) in &self.client {
+            config.set(key, value);
+        }
+    }
+}
+
+/// A validated topic template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicTemplate {
+    template: DestinationTemplate,
+}
+
+impl TopicTemplate {
+    /// Parses and checks a template: Kafka's topic characters (ASCII
+    /// letters, digits, `.`, `_`, `-`) and no `{aggregate_id}` (a topic per
+    /// aggregate would not scale; the id is the record key).
+    pub fn new(text: &str) -> Result<TopicTemplate, ConfigError> {
+        let template = DestinationTemplate::parse("Kafka topic template", text, |c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+        })?;
+        if template.uses(Placeholder::AggregateId) {
+            return Err(ConfigError::InvalidValue {
+                what: "Kafka topic template",
+                reason: format!(
+                    "{text:?}: {{aggregate_id}} would make a topic per aggregate; the aggregate id is the record key"
+                ),
+            });
+        }
+        Ok(TopicTemplate { template })
+    }
+
+    /// The topic of one event, or why it cannot have one.
+    pub fn render(&self, envelope: &Envelope) -> Result<String, String> {
+        self.check(self.template.render(envelope, |id| id.to_owned()))
+    }
+
+    /// The topic of events of one (aggregate type, event type).
+    pub fn topic_for(&self, aggregate_type: &str, event_type: &str) -> Result<String, String> {
+        self.check(self.template.render_with(aggregate_type, event_type, ""))
+    }
+
+    fn check(&self, topic: String) -> Result<String, String> {
+        let valid = !topic.is_empty()
+            && topic.len() <= MAX_TOPIC_BYTES
+            && topic != "."
+            && topic != ".."
+            && topic
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if valid {
+            Ok(topic)
+        } else {
+            Err(format!(
+                "topic {topic:?} rendered from {:?} is not a valid Kafka topic (1 to {MAX_TOPIC_BYTES} of ASCII letters, digits, `.`, `_`, `-`)",
+                self.template.text()
+            ))
+        }
+    }
+}
+
+/// The transport or source could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// A setting is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// librdkafka refused the client settings.
+    #[error("Kafka client settings refused: {0}")]
+    Client(String),
+    /// The subscription could not be made.
+    #[error("Kafka subscription to {topics:?}: {reason}")]
+    Subscribe {
+        /// The topics.
+        topics: Vec<String>,
+        /// What the client said.
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_follow_debezium_by_default_and_refuse_ids() {
+        let template = TopicTemplate::new(&KafkaConfig::default().topic_template).unwrap();
+        assert_eq!(
+            template.topic_for("order", "order.created").unwrap(),
+            "outbox.event.order"
+        );
+        assert!(
+            TopicTemplate::new("outbox.{aggregate_id}")
+                .unwrap_err()
+                .to_string()
+                .contains("record key")
+        );
+        let weak = KafkaConfig {
+            client: vec![("acks".into(), "1".into())],
+            ..KafkaConfig::default()
+        };
+        assert!(weak.validate().unwrap_err().to_string().contains("acks=1"));
+    }
+}

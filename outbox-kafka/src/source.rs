@@ -1,0 +1,415 @@
+//! The consuming side: a consumer group feeding the consumer engine, with
+//! offsets committed only after the consumer's transaction committed.
+//!
+//! Kafka acknowledges by offset, not by message: a partition's committed
+//! offset may only pass messages that are settled. The source keeps, per
+//! assigned partition, the offsets handed out and not yet settled; an ack
+//! settles one, and the committed offset moves to just past the longest
+//! settled prefix (so an ack of offset 7 while 5 is still being retried
+//! commits nothing). A retry holds its offset open and comes back through a
+//! local queue after its delay, with the next attempt number. On a
+//! rebalance the revoked partitions' open offsets are forgotten: the new
+//! owner starts at the committed offset and receives them again (the inbox
+//! turns what was applied into duplicates), and an ack arriving late for a
+//! partition this instance no longer owns commits nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use outbox_core::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
+use outbox_core::store::ConfigError;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use crate::config::{KafkaConfig, KafkaError, TopicTemplate};
+use crate::headers;
+
+/// Settings of a Kafka source.
+#[derive(Debug, Clone)]
+pub struct KafkaSourceConfig {
+    /// The cluster (and extra client settings).
+    pub kafka: KafkaConfig,
+    /// The consumer group (usually the consumer's name).
+    pub group_id: String,
+    /// The topics to subscribe to.
+    pub topics: Vec<String>,
+    /// Where a group without a committed offset starts (default
+    /// `earliest`: nothing published before the first start is missed).
+    pub auto_offset_reset: String,
+}
+
+impl KafkaSourceConfig {
+    /// Settings aligned with `consumer`: group = consumer name, the topics
+    /// of every (aggregate type, event type) it must receive under the
+    /// template (one per aggregate type with the default template), from
+    /// the earliest offset.
+    ///
+    /// Other event types on those topics (another service's events of the
+    /// same aggregate type) arrive too and are acknowledged as foreign or
+    /// ignored, as the consumer's table says.
+    pub fn for_consumer(consumer: &Consumer, kafka: KafkaConfig) -> Result<Self, ConfigError> {
+        let template = TopicTemplate::new(&kafka.topic_template)?;
+        let mut topics = Vec::new();
+        for (aggregate_type, event_type) in consumer.subscribed_types() {
+            let topic = template
+                .topic_for(aggregate_type, event_type)
+                .map_err(|reason| ConfigError::InvalidValue {
+                    what: "Kafka topic template",
+                    reason,
+                })?;
+            topics.push(topic);
+        }
+        topics.sort();
+        topics.dedup();
+        Ok(KafkaSourceConfig {
+            kafka,
+            group_id: consumer.name().to_owned(),
+            topics,
+            auto_offset_reset: "earliest".to_owned(),
+        })
+    }
+}
+
+/// Open offsets of the partitions this instance owns.
+#[derive(Debug, Default)]
+struct Tracker {
+    partitions: HashMap<(String, i32), PartitionOffsets>,
+    next_epoch: u64,
+}
+
+#[derive(Debug)]
+struct PartitionOffsets {
+    /// Which assignment the offsets belong to.
+    epoch: u64,
+    /// Offsets handed out, and whether each is settled.
+    open: BTreeMap<i64, bool>,
+}
+
+impl Tracker {
+    fn assign(&mut self, topic: &str, partition: i32) -> u64 {
+        self.next_epoch += 1;
+        let epoch = self.next_epoch;
+        self.partitions.insert(
+            (topic.to_owned(), partition),
+            PartitionOffsets {
+                epoch,
+                open: BTreeMap::new(),
+            },
+        );
+        epoch
+    }
+
+    /// Records a received offset; returns the assignment it belongs to.
+    fn received(&mut self, topic: &str, partition: i32, offset: i64) -> u64 {
+        let epoch = match self.partitions.get(&(topic.to_owned(), partition)) {
+            Some(owned) => owned.epoch,
+            None => self.assign(topic, partition),
+        };
+        if let Some(owned) = self.partitions.get_mut(&(topic.to_owned(), partition)) {
+            owned.open.insert(offset, false);
+        }
+        epoch
+    }
+
+    fn owns(&self, position: &Position) -> bool {
+        self.partitions
+            .get(&(position.topic.clone(), position.partition))
+            .is_some_and(|owned| owned.epoch == position.epoch)
+    }
+
+    /// Settles an offset; returns the offset to commit when the settled
+    /// prefix grew.
+    fn settle(&mut self, position: &Position) -> Option<i64> {
+        let owned = self
+            .partitions
+            .get_mut(&(position.topic.clone(), position.partition))?;
+        if owned.epoch != position.epoch {
+            return None;
+        }
+        owned.open.insert(position.offset, true);
+        let mut commit = None;
+        while let Some(entry) = owned.open.first_entry() {
+            if !*entry.get() {
+                break;
+            }
+            commit = Some(*entry.key() + 1);
+            entry.remove();
+        }
+        commit
+    }
+}
+
+/// Where a record came from.
+#[derive(Debug, Clone)]
+struct Position {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    epoch: u64,
+}
+
+/// Rebalance callbacks: assigned partitions start with nothing open,
+/// revoked ones are forgotten.
+pub struct GroupContext {
+    tracker: Arc<Mutex<Tracker>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let mut tracker = self.tracker.lock().expect("offset tracker lock");
+        match rebalance {
+            Rebalance::Assign(list) => {
+                for element in list.elements() {
+                    tracker.assign(element.topic(), element.partition());
+                }
+            }
+            Rebalance::Revoke(list) => {
+                for element in list.elements() {
+                    tracker
+                        .partitions
+                        .remove(&(element.topic().to_owned(), element.partition()));
+                }
+            }
+            Rebalance::Error(error) => tracing::warn!(%error, "Kafka rebalance failed"),
+        }
+    }
+}
+
+type GroupConsumer = StreamConsumer<GroupContext>;
+
+/// Feeds a consumer from a Kafka consumer group.
+pub struct KafkaSource {
+    consumer: Arc<GroupConsumer>,
+    tracker: Arc<Mutex<Tracker>>,
+    retries: mpsc::UnboundedReceiver<(Position, Incoming)>,
+    requeue: mpsc::UnboundedSender<(Position, Incoming)>,
+    group_id: String,
+}
+
+impl std::fmt::Debug for KafkaSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("group_id", &self.group_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaSource {
+    /// Validates the settings, creates the group consumer and subscribes.
+    /// The cluster need not be reachable: librdkafka joins the group once
+    /// it is.
+    pub async fn connect(config: KafkaSourceConfig) -> Result<KafkaSource, KafkaError> {
+        outbox_core::consumer::validate_consumer_name(&config.group_id)?;
+        config.kafka.validate()?;
+        if config.topics.is_empty() {
+            return Err(ConfigError::InvalidValue {
+                what: "Kafka topics",
+                reason: "subscribe to at least one topic".into(),
+            }
+            .into());
+        }
+        let tracker = Arc::new(Mutex::new(Tracker::default()));
+        let mut client = config.kafka.client_config();
+        client
+            .set("group.id", &config.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", &config.auto_offset_reset);
+        config.kafka.apply_extra(&mut client);
+        let consumer: GroupConsumer = client
+            .create_with_context(GroupContext {
+                tracker: Arc::clone(&tracker),
+            })
+            .map_err(|e| KafkaError::Client(e.to_string()))?;
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| KafkaError::Subscribe {
+                topics: config.topics.clone(),
+                reason: e.to_string(),
+            })?;
+        let (requeue, retries) = mpsc::unbounded_channel();
+        Ok(KafkaSource {
+            consumer: Arc::new(consumer),
+            tracker,
+            retries,
+            requeue,
+            group_id: config.group_id,
+        })
+    }
+
+    fn delivery(&self, position: Position, incoming: Incoming) -> KafkaDelivery {
+        KafkaDelivery {
+            position,
+            incoming,
+            consumer: Arc::clone(&self.consumer),
+            tracker: Arc::clone(&self.tracker),
+            requeue: self.requeue.clone(),
+        }
+    }
+
+    fn received(&self, message: &BorrowedMessage<'_>) -> KafkaDelivery {
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        let epoch = self
+            .tracker
+            .lock()
+            .expect("offset tracker lock")
+            .received(topic, partition, offset);
+        let (attributes, problem) = headers::read(message.headers());
+        let payload = message.payload().unwrap_or_default().to_vec();
+        let incoming = match problem {
+            None => Incoming::new(attributes, payload, 1),
+            Some(reason) => Incoming::malformed(attributes, payload, 1, reason),
+        };
+        let position = Position {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            epoch,
+        };
+        self.delivery(position, incoming)
+    }
+
+    /// A retry that came back, unless its partition moved to another
+    /// instance meanwhile (the new owner receives it from the broker).
+    fn returned(&self, position: Position, incoming: Incoming) -> Option<KafkaDelivery> {
+        let owned = self
+            .tracker
+            .lock()
+            .expect("offset tracker lock")
+            .owns(&position);
+        owned.then(|| self.delivery(position, incoming))
+    }
+}
+
+/// A Kafka record being processed.
+pub struct KafkaDelivery {
+    position: Position,
+    incoming: Incoming,
+    consumer: Arc<GroupConsumer>,
+    tracker: Arc<Mutex<Tracker>>,
+    requeue: mpsc::UnboundedSender<(Position, Incoming)>,
+}
+
+impl std::fmt::Debug for KafkaDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaDelivery")
+            .field("topic", &self.position.topic)
+            .field("partition", &self.position.partition)
+            .field("offset", &self.position.offset)
+            .field("attempt", &self.incoming.attempt())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delivery for KafkaDelivery {
+    fn incoming(&self) -> &Incoming {
+        &self.incoming
+    }
+
+    async fn ack(self) -> Result<(), SourceError> {
+        let commit = self
+            .tracker
+            .lock()
+            .expect("offset tracker lock")
+            .settle(&self.position);
+        let Some(next) = commit else {
+            return Ok(());
+        };
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(
+            &self.position.topic,
+            self.position.partition,
+            Offset::Offset(next),
+        )
+        .map_err(|e| SourceError(format!("Kafka offset {next}: {e}")))?;
+        self.consumer
+            .commit(&list, CommitMode::Async)
+            .map_err(|e| SourceError(format!("Kafka commit failed: {e}")))
+    }
+
+    async fn retry_later(self, delay: Duration) -> Result<(), SourceError> {
+        let again = Incoming::new(
+            self.incoming.attributes().to_vec(),
+            self.incoming.payload().to_vec(),
+            self.incoming.attempt() + 1,
+        );
+        let (requeue, position) = (self.requeue, self.position);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            // The source may be gone (the consumer stopped): the offset was
+            // never committed, so the group delivers it again.
+            let _ = requeue.send((position, again));
+        });
+        Ok(())
+    }
+}
+
+impl MessageSource for KafkaSource {
+    type Delivery = KafkaDelivery;
+
+    async fn next_batch(&mut self, max: usize) -> Result<Vec<KafkaDelivery>, SourceError> {
+        let mut batch = Vec::new();
+        while batch.is_empty() {
+            tokio::select! {
+                Some((position, incoming)) = self.retries.recv() => {
+                    batch.extend(self.returned(position, incoming));
+                }
+                received = self.consumer.recv() => match received {
+                    Ok(message) => batch.push(self.received(&message)),
+                    Err(error) => {
+                        return Err(SourceError(format!("Kafka receive failed: {error}")));
+                    }
+                },
+            }
+        }
+        while batch.len() < max {
+            if let Ok((position, incoming)) = self.retries.try_recv() {
+                batch.extend(self.returned(position, incoming));
+                continue;
+            }
+            match self.consumer.recv().now_or_never() {
+                Some(Ok(message)) => batch.push(self.received(&message)),
+                _ => break,
+            }
+        }
+        Ok(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_only_past_the_settled_prefix() {
+        let mut tracker = Tracker::default();
+        let epoch = tracker.assign("t", 0);
+        let at = |offset| Position {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+            epoch,
+        };
+        for offset in [5, 6, 7] {
+            tracker.received("t", 0, offset);
+        }
+        assert_eq!(tracker.settle(&at(6)), None, "5 is still open");
+        assert_eq!(tracker.settle(&at(5)), Some(7));
+        assert_eq!(tracker.settle(&at(7)), Some(8));
+        tracker.received("t", 0, 8);
+        // Revoked and assigned again: a late ack of the old assignment
+        // commits nothing.
+        tracker.assign("t", 0);
+        assert_eq!(tracker.settle(&at(8)), None);
+        assert!(!tracker.owns(&at(8)));
+    }
+}

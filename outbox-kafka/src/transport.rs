@@ -1,0 +1,247 @@
+//! The publishing side: an idempotent producer, records keyed by
+//! aggregate id, every delivery report awaited.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use outbox_core::Envelope;
+use outbox_core::transport::{PublishFailure, Transport, TransportHealth};
+use rdkafka::client::ClientContext;
+use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+
+use crate::config::{KafkaConfig, KafkaError, TopicTemplate};
+use crate::headers;
+
+/// The shortest time between two reachability probes while down.
+const PROBE_PAUSE: Duration = Duration::from_secs(1);
+
+/// What the transport knows about the cluster's reachability.
+#[derive(Debug, Default)]
+pub(crate) struct Reachability {
+    state: Mutex<ReachState>,
+}
+
+#[derive(Debug, Default)]
+struct ReachState {
+    down: Option<String>,
+    last_probe: Option<Instant>,
+}
+
+impl Reachability {
+    fn mark_down(&self, reason: String) {
+        self.state.lock().expect("reachability lock").down = Some(reason);
+    }
+
+    fn mark_up(&self) {
+        self.state.lock().expect("reachability lock").down = None;
+    }
+
+    /// `None` when up; the reason when down and a probe is not due yet;
+    /// `Some("")` when down and a probe is due (it is recorded as started).
+    fn down_reason(&self) -> Option<String> {
+        let mut state = self.state.lock().expect("reachability lock");
+        let reason = state.down.clone()?;
+        if state
+            .last_probe
+            .is_some_and(|at| at.elapsed() < PROBE_PAUSE)
+        {
+            return Some(reason);
+        }
+        state.last_probe = Some(Instant::now());
+        Some(String::new())
+    }
+}
+
+/// Client callbacks: librdkafka reports "all brokers down" and fatal
+/// errors here, which turn the transport's health down.
+pub(crate) struct ProducerContext {
+    reach: Arc<Reachability>,
+}
+
+impl ClientContext for ProducerContext {
+    fn error(&self, error: ClientError, reason: &str) {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::AllBrokersDown) => self
+                .reach
+                .mark_down(format!("all Kafka brokers are down: {reason}")),
+            Some(RDKafkaErrorCode::Fatal) => self.reach.mark_down(format!(
+                "the Kafka producer hit a fatal error ({reason}); restart the relay"
+            )),
+            _ => tracing::warn!(%error, reason, "librdkafka"),
+        }
+    }
+}
+
+/// Publishes envelopes to Kafka: topic from the template, key = aggregate
+/// id (an aggregate stays on one partition, in order), CloudEvents headers,
+/// `enable.idempotence` with `acks=all`.
+///
+/// Starts while the cluster is unreachable (reports itself down until its
+/// metadata answers; the relay keeps events pending meanwhile).
+pub struct KafkaTransport {
+    producer: FutureProducer<ProducerContext>,
+    config: KafkaConfig,
+    template: TopicTemplate,
+    reach: Arc<Reachability>,
+}
+
+impl KafkaTransport {
+    /// Validates the settings, creates the producer and asks the cluster
+    /// for its metadata (up to `connect_timeout`); an unreachable cluster
+    /// is not an error, a setting librdkafka refuses is.
+    pub async fn connect(config: KafkaConfig) -> Result<KafkaTransport, KafkaError> {
+        let template = config.validate()?;
+        let reach = Arc::new(Reachability::default());
+        let mut client = config.client_config();
+        client
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set(
+                "message.timeout.ms",
+                config.delivery_timeout.as_millis().to_string(),
+            )
+            .set("linger.ms", "2");
+        config.apply_extra(&mut client);
+        let producer: FutureProducer<ProducerContext> = client
+            .create_with_context(ProducerContext {
+                reach: Arc::clone(&reach),
+            })
+            .map_err(|e| KafkaError::Client(e.to_string()))?;
+        let transport = KafkaTransport {
+            producer,
+            config,
+            template,
+            reach,
+        };
+        if let Err(reason) = transport.probe(transport.config.connect_timeout).await {
+            tracing::warn!(
+                servers = %transport.config.bootstrap_servers,
+                reason,
+                "Kafka is not reachable; the transport reports itself down and events stay pending until it is"
+            );
+            transport.reach.mark_down(reason);
+        }
+        Ok(transport)
+    }
+
+    /// The topic template in use.
+    pub fn template(&self) -> &TopicTemplate {
+        &self.template
+    }
+
+    /// Asks for the cluster's metadata (all topics, so nothing is created).
+    async fn probe(&self, timeout: Duration) -> Result<(), String> {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, Timeout::After(timeout))
+                .map(|_| ())
+                .map_err(|e| format!("no metadata from the Kafka cluster: {e}"))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the metadata probe did not finish: {e}")))
+    }
+
+    fn record<'a>(&self, topic: &'a str, envelope: &'a Envelope) -> FutureRecord<'a, [u8], [u8]> {
+        let attributes = envelope.cloudevents_attributes_with(
+            &self.config.source,
+            self.config.dataschema_base.as_deref(),
+        );
+        FutureRecord::to(topic)
+            .key(envelope.aggregate_id.as_bytes())
+            .payload(envelope.payload.get().as_bytes())
+            .timestamp(envelope.occurred_at.timestamp_millis())
+            .headers(headers::write(attributes, &envelope.id.to_string()))
+    }
+}
+
+/// Retryable or not, by librdkafka's error code.
+fn classify(error: &ClientError) -> PublishFailure {
+    use RDKafkaErrorCode as C;
+    let permanent = matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::UnknownTopicOrPartition
+                | C::UnknownTopic
+                | C::UnknownPartition
+                | C::InvalidTopic
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::InvalidRecord
+        )
+    );
+    if permanent {
+        PublishFailure::permanent(format!("Kafka refused the record: {error}"))
+    } else {
+        PublishFailure::retryable(format!("Kafka publish failed: {error}"))
+    }
+}
+
+impl Transport for KafkaTransport {
+    async fn publish(&self, events: &[&Envelope]) -> Vec<Result<(), PublishFailure>> {
+        let mut pending = Vec::with_capacity(events.len());
+        for envelope in events {
+            let topic = match self.template.render(envelope) {
+                Ok(topic) => topic,
+                Err(reason) => {
+                    pending.push(Err(PublishFailure::permanent(reason)));
+                    continue;
+                }
+            };
+            match self.producer.send_result(self.record(&topic, envelope)) {
+                Ok(delivery) => pending.push(Ok(delivery)),
+                Err((error, _record)) => pending.push(Err(classify(&error))),
+            }
+        }
+        // Every record is queued; wait for all delivery reports at once.
+        // librdkafka gives up on a record after `delivery_timeout`; the
+        // margin covers the report's way back.
+        let deadline = self.config.delivery_timeout + Duration::from_secs(5);
+        let results = join_all(pending.into_iter().map(|queued| async move {
+            let delivery = queued?;
+            match tokio::time::timeout(deadline, delivery).await {
+                Ok(Ok(Ok(_delivered))) => Ok(()),
+                Ok(Ok(Err((error, _message)))) => Err(classify(&error)),
+                Ok(Err(_canceled)) => Err(PublishFailure::retryable(
+                    "the Kafka producer was dropped before the delivery report",
+                )),
+                Err(_) => Err(PublishFailure::retryable(format!(
+                    "no delivery report from Kafka within {deadline:?}"
+                ))),
+            }
+        }))
+        .await;
+        if results.iter().any(|r| r.is_ok()) {
+            self.reach.mark_up();
+        }
+        results
+    }
+
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+
+    async fn health(&self) -> TransportHealth {
+        match self.reach.down_reason() {
+            None => TransportHealth::Up,
+            Some(reason) if !reason.is_empty() => TransportHealth::Down { reason },
+            Some(_) => match self.probe(Duration::from_secs(1)).await {
+                Ok(()) => {
+                    self.reach.mark_up();
+                    TransportHealth::Up
+                }
+                Err(reason) => {
+                    self.reach.mark_down(reason.clone());
+                    TransportHealth::Down { reason }
+                }
+            },
+        }
+    }
+}
