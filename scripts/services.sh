@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the services the tests and the example need are reachable:
-# PostgreSQL and NATS with JetStream, plus the nats-server binary (tests
-# start private servers they can stop and restart). Installs a service
+# PostgreSQL, NATS with JetStream and RabbitMQ, plus the nats-server binary
+# (tests start private servers they can stop and restart). Kafka has no
+# server package: its tests run against librdkafka's in-process mock
+# cluster, built with the rdkafka crate (needs only a C compiler and make). Installs a service
 # from the distribution's packages when it is missing (Debian/Ubuntu),
 # starts one that is installed but down, and fails loudly, naming what is
 # in the way, when a service cannot be had. Sourced by scripts/test.sh and
@@ -10,11 +12,13 @@
 # One variable per setting, the names the tools already use:
 #   DATABASE_URL  postgres://postgres@127.0.0.1:5432/postgres (sqlx's name)
 #   NATS_URL      nats://127.0.0.1:4222 (the NATS tools' name)
-# Both are exported for the programs that follow.
+#   AMQP_URL      amqp://guest:guest@127.0.0.1:5672/%2f
+# All are exported for the programs that follow.
 set -euo pipefail
 
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 export NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
+export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 
 say() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: FATAL: %s\n' "$*" >&2; exit 1; }
@@ -27,6 +31,8 @@ PG_HOST=$(url_host "$DATABASE_URL")
 PG_PORT=$(url_port "$DATABASE_URL" 5432)
 NATS_HOST=$(url_host "$NATS_URL")
 NATS_PORT=$(url_port "$NATS_URL" 4222)
+AMQP_HOST=$(url_host "$AMQP_URL")
+AMQP_PORT=$(url_port "$AMQP_URL" 5672)
 
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
@@ -163,6 +169,41 @@ ensure_nats() {
     die "nats-server did not come up on port $NATS_PORT (see /var/log/nats-server-$NATS_PORT.log; listening: $(who_listens "$NATS_PORT"))"
 }
 
+# Whether an AMQP server answers: it replies to a protocol header with its
+# connection.start frame (type 1) or, for another version, a header.
+amqp_answers() {
+    port_open "$1" "$2" || return 1
+    (
+        exec 5<>"/dev/tcp/$1/$2" || exit 1
+        printf 'AMQP\x00\x00\x09\x01' >&5
+        IFS= read -r -t 3 -n 4 reply <&5 || [ -n "${reply:-}" ] || exit 1
+        [[ ${reply:0:1} == $'\x01' || $reply == AMQP* ]]
+    ) 2>/dev/null
+}
+
+ensure_rabbitmq() {
+    if port_open "$AMQP_HOST" "$AMQP_PORT"; then
+        amqp_answers "$AMQP_HOST" "$AMQP_PORT" \
+            || die "port $AMQP_PORT on $AMQP_HOST is taken by something that is not RabbitMQ (listening: $(who_listens "$AMQP_PORT"))"
+        return 0
+    fi
+    case $AMQP_HOST in
+        127.0.0.1|localhost) ;;
+        *) die "RabbitMQ at $AMQP_HOST:$AMQP_PORT (AMQP_URL) is not reachable, and it is not on this machine" ;;
+    esac
+    if ! command -v rabbitmq-server >/dev/null; then
+        apt_install rabbitmq-server || die "rabbitmq-server is not installed and cannot be installed"
+    fi
+    say "RabbitMQ is down on port $AMQP_PORT; starting it"
+    RABBITMQ_NODE_PORT=$AMQP_PORT rabbitmq-server -detached >/dev/null 2>&1 \
+        || die "could not start rabbitmq-server"
+    for _ in $(seq 1 120); do
+        amqp_answers 127.0.0.1 "$AMQP_PORT" && return 0
+        sleep 0.5
+    done
+    die "RabbitMQ did not come up on port $AMQP_PORT (listening: $(who_listens "$AMQP_PORT"); see /var/log/rabbitmq)"
+}
+
 # promtool (Debian's `prometheus` package) checks the alert rules in
 # ops/prometheus; only the tests need it, so scripts/test.sh calls this.
 ensure_promtool() {
@@ -173,4 +214,5 @@ ensure_promtool() {
 
 ensure_postgres
 ensure_nats
-say "PostgreSQL at $PG_HOST:$PG_PORT, NATS at $NATS_HOST:$NATS_PORT, nats-server at $OUTBOX_NATS_SERVER_BIN"
+ensure_rabbitmq
+say "PostgreSQL at $PG_HOST:$PG_PORT, NATS at $NATS_HOST:$NATS_PORT, RabbitMQ at $AMQP_HOST:$AMQP_PORT, nats-server at $OUTBOX_NATS_SERVER_BIN"

@@ -4,8 +4,9 @@
 //!    raw SQL claim+mark (`UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
 //!    LOCKED LIMIT n) RETURNING …`, no order) on the same backlog shape
 //!    (1,000 aggregates), same batch size and worker count;
-//! 2. jetstream: the relay publishing to a real nats-server from a 100k
-//!    backlog;
+//! 2. transports: the relay publishing the same 100k backlog to NATS
+//!    JetStream, Kafka (librdkafka's mock cluster) and RabbitMQ, side by
+//!    side;
 //! 3. latency: commit → JetStream delivery at half the measured capacity,
 //!    woken by NOTIFY, and with polling alone;
 //! 4. claim: claim time with an empty history and with a million published
@@ -21,11 +22,15 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::PgRelayStore;
-use outbox_core::transport::nats::{NatsConfig, NatsTransport};
+use outbox_core::transport::Transport;
+use outbox_kafka::{KafkaConfig, KafkaTransport};
+use outbox_nats::{NatsConfig, NatsTransport};
+use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
 use outbox_tests::events::Ticked;
 use outbox_tests::stats::{median, percentile};
 use outbox_tests::transports::DiscardTransport;
 use outbox_tests::{NatsServer, TestDb};
+use rdkafka::mocking::MockCluster;
 use serde_json::value::RawValue;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
@@ -192,21 +197,11 @@ async fn bench_drain(scale: &Scale) {
     }
 }
 
-async fn bench_jetstream(scale: &Scale, server: &NatsServer) -> f64 {
-    println!(
-        "\n== relay to JetStream from a {} backlog",
-        scale.jetstream_backlog
-    );
+/// Drains a `backlog` through `transport` (2 workers, batch 1,000) and
+/// returns events/s.
+async fn drain_through<T: Transport>(backlog: i64, transport: T) -> f64 {
     let db = TestDb::with_pool_size(8).await;
-    fill(&db, scale.jetstream_backlog, 1).await;
-    let transport = NatsTransport::connect(NatsConfig {
-        url: server.url(),
-        stream: "BENCH".into(),
-        subject_template: "bench.{aggregate_type}.{event_type}".into(),
-        ..NatsConfig::default()
-    })
-    .await
-    .unwrap();
+    fill(&db, backlog, 1).await;
     let config = RelayConfig {
         batch_size: 1000,
         workers: 2,
@@ -226,11 +221,94 @@ async fn bench_jetstream(scale: &Scale, server: &NatsServer) -> f64 {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let rate = scale.jetstream_backlog as f64 / started.elapsed().as_secs_f64();
+    let rate = backlog as f64 / started.elapsed().as_secs_f64();
     relay.drain(Duration::from_secs(10)).await.unwrap();
-    println!("  {rate:.0} events/s (2 workers, batch 1000, waves per aggregate)");
     db.drop_schema().await;
     rate
+}
+
+/// The relay publishing the same backlog to each broker, side by side:
+/// NATS JetStream (a private nats-server), Kafka (librdkafka's in-process
+/// mock cluster: the real client and protocol, a broker without disk or
+/// replication) and RabbitMQ (the shared server, confirms, a bound durable
+/// queue so messages are stored).
+async fn bench_transports(scale: &Scale, server: &NatsServer) {
+    let backlog = scale.jetstream_backlog;
+    println!("\n== relay to each broker from a {backlog} backlog (2 workers, batch 1000)");
+    let mut results = Vec::new();
+    for round in 0..scale.rounds {
+        let nats = NatsTransport::connect(NatsConfig {
+            url: server.url(),
+            stream: format!("BENCH{round}"),
+            subject_template: format!("bench{round}.{{aggregate_type}}.{{event_type}}"),
+            ..NatsConfig::default()
+        })
+        .await
+        .unwrap();
+        results.push(("nats", drain_through(backlog, nats).await));
+
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("outbox.event.counter", 4, 1).unwrap();
+        let kafka = KafkaTransport::connect(KafkaConfig {
+            bootstrap_servers: cluster.bootstrap_servers(),
+            ..KafkaConfig::default()
+        })
+        .await
+        .unwrap();
+        results.push(("kafka (mock)", drain_through(backlog, kafka).await));
+        drop(cluster);
+
+        let url = std::env::var("AMQP_URL").unwrap_or_else(|_| RabbitConfig::default().url);
+        let exchange = format!("bench-{}-{round}", std::process::id());
+        let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ (run scripts/services.sh)");
+        let channel = connection.create_channel().await.unwrap();
+        let rabbit = RabbitTransport::connect(RabbitConfig {
+            url: url.clone(),
+            exchange: exchange.clone(),
+            ..RabbitConfig::default()
+        })
+        .await
+        .unwrap();
+        channel
+            .queue_declare(
+                exchange.as_str().into(),
+                lapin::options::QueueDeclareOptions::durable(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                exchange.as_str().into(),
+                exchange.as_str().into(),
+                "#".into(),
+                Default::default(),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        results.push(("rabbitmq", drain_through(backlog, rabbit).await));
+        let _ = channel
+            .queue_delete(exchange.as_str().into(), Default::default())
+            .await;
+        let _ = channel
+            .exchange_delete(exchange.as_str().into(), Default::default())
+            .await;
+    }
+    for name in ["nats", "kafka (mock)", "rabbitmq"] {
+        let mut rates: Vec<f64> = results
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, r)| *r)
+            .collect();
+        println!(
+            "  {name:<13} {:.0} events/s (median of {})",
+            median(&mut rates),
+            rates.len()
+        );
+    }
 }
 
 /// Runs producers and a relay together; with `rate = None` the producers
@@ -452,8 +530,8 @@ async fn main() {
         bench_drain(&scale).await;
     }
     let server = NatsServer::start();
-    if wants("jetstream") {
-        bench_jetstream(&scale, &server).await;
+    if wants("transports") || wants("jetstream") {
+        bench_transports(&scale, &server).await;
     }
     if wants("latency") {
         let (_, _, capacity) =

@@ -4,12 +4,14 @@
 //! Every helper fails loudly (a panic naming the service and how to start
 //! it) when a service cannot be had: a test never skips.
 
+pub mod conformance;
 pub mod consumers;
 pub mod db;
 pub mod events;
 pub mod jetstream;
 pub mod metrics;
 pub mod nats;
+pub mod proxy;
 pub mod stats;
 pub mod transports;
 pub mod wait;

@@ -1,11 +1,12 @@
-//! The example order service, end to end on real PostgreSQL and NATS
-//! JetStream: commands write orders and emit events in one transaction; a
+//! The example order service, end to end on real PostgreSQL and a real
+//! broker (NATS JetStream by default; `OUTBOX_BROKER=kafka` or
+//! `OUTBOX_BROKER=rabbitmq`, see `outbox_examples::brokers`): commands write orders and emit events in one transaction; a
 //! relay publishes them; two consumers (billing, order status) apply them
 //! once each. Checks the result and exits non-zero when anything is off.
 //!
 //! `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`)
-//! and `NATS_URL` (default `nats://127.0.0.1:4222`). Uses the schema
-//! `outbox_demo` and the stream `OUTBOX_DEMO`, both recreated on each run.
+//! and the broker's URL. Uses the schema `outbox_demo` and the broker's
+//! demo stream, topics or exchange and queues, recreated on each run.
 //! Serves Prometheus metrics at `http://METRICS_ADDR/metrics` (default
 //! `127.0.0.1:0`, any free port; the address is printed) and scrapes itself
 //! at the end to show the figures an operator's dashboard reads.
@@ -13,14 +14,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use outbox_core::consumer::ConsumerTask;
-use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::{SchemaName, migrate};
 use outbox_core::trace::{self, TraceParent};
-use outbox_core::transport::nats::{
-    JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport,
-};
 use outbox_core::{Envelope, Outbox};
+use outbox_examples::brokers::{self, BrokerKind};
 use outbox_examples::contracts::{CancelReason, Money, OrderLine};
 use outbox_examples::orders::{OrderService, Placed};
 use outbox_examples::{metrics_endpoint, projections};
@@ -33,7 +30,6 @@ const ORDERS: usize = 300;
 async fn main() -> anyhow::Result<()> {
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let metrics_addr: std::net::SocketAddr = std::env::var("METRICS_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:0".into())
         .parse()
@@ -62,37 +58,20 @@ async fn main() -> anyhow::Result<()> {
     .execute(&pool)
     .await?;
 
-    let nats = NatsConfig {
-        url: nats_url.clone(),
-        stream: "OUTBOX_DEMO".into(),
-        subject_template: "demo.{aggregate_type}.{event_type}".into(),
-        ..NatsConfig::default()
-    };
-    reset_stream(&nats_url, &nats.stream).await?;
-    let relay = Relay::start_postgres(
-        pool.clone(),
-        schema.clone(),
-        NatsTransport::connect(nats.clone()).await?,
-        RelayConfig::default(),
-    )
-    .await?;
-    let mut consumers: Vec<ConsumerTask> = Vec::new();
+    let kind = BrokerKind::from_env()?;
+    let mut consumers = Vec::new();
     for builder in [
         projections::billing(&schema.quoted()),
         projections::order_status(&schema.quoted()),
     ] {
-        let consumer = builder.build(pool.clone(), schema.clone())?;
-        let source = JetStreamSource::connect(JetStreamSourceConfig::for_consumer(
-            &consumer,
-            nats.clone(),
-        )?)
-        .await?;
-        consumers.push(consumer.spawn(source));
+        consumers.push(builder.build(pool.clone(), schema.clone())?);
     }
+    let wired = brokers::wire(kind, &pool, &schema, consumers).await?;
+    let (relay, consumers) = (wired.relay, wired.consumers);
     println!(
-        "order service: schema {}, stream {}, metrics at http://{metrics_addr}/metrics",
+        "order service: schema {}, {}, metrics at http://{metrics_addr}/metrics",
         schema.as_str(),
-        nats.stream
+        wired.destination
     );
 
     // Commands. Each runs in the trace of its (simulated) HTTP request.
@@ -279,16 +258,6 @@ async fn main() -> anyhow::Result<()> {
         scraped.lines().filter(|l| l.starts_with("outbox_")).count()
     );
     println!("ok");
-    Ok(())
-}
-
-/// Deletes the demo stream (and its durable consumers) so every run starts clean.
-async fn reset_stream(url: &str, stream: &str) -> anyhow::Result<()> {
-    let client = async_nats::connect(url)
-        .await
-        .with_context(|| format!("NATS at {url}"))?;
-    let context = async_nats::jetstream::new(client);
-    let _ = context.delete_stream(stream).await;
     Ok(())
 }
 
