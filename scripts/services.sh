@@ -204,6 +204,13 @@ ensure_rabbitmq() {
     die "RabbitMQ did not come up on port $AMQP_PORT (listening: $(who_listens "$AMQP_PORT"); see /var/log/rabbitmq)"
 }
 
+# librdkafka (built from source by the rdkafka crate for outbox-kafka)
+# needs a C compiler and make; the build scripts call this.
+ensure_c_toolchain() {
+    command -v cc >/dev/null && command -v make >/dev/null && return 0
+    apt_install build-essential || die "a C compiler and make are needed to build librdkafka (apt package build-essential)"
+}
+
 # promtool (Debian's `prometheus` package) checks the alert rules in
 # ops/prometheus; only the tests need it, so scripts/test.sh calls this.
 ensure_promtool() {

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace against real services: makes sure
-# PostgreSQL and NATS JetStream are up (starting them when installed but
-# down), then runs the unit, ui (trybuild), behaviour, integration and
+# PostgreSQL, NATS JetStream and RabbitMQ are up (starting them when
+# installed but down) and a C toolchain for librdkafka is there (Kafka's
+# tests use librdkafka's in-process mock cluster), then runs the unit, ui (trybuild), behaviour, integration and
 # fault-injection tests, the schema registry check, and the alert rules
 # (promtool, installed from the `prometheus` package when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
+ensure_c_toolchain
 ensure_promtool
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
