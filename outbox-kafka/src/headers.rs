@@ -4,7 +4,7 @@
 //! Debezium's outbox event router writes it.
 
 use outbox_core::ce;
-use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 
 /// The prefix of CloudEvents attributes in record headers.
 pub const HEADER_PREFIX: &str = "ce_";
@@ -32,6 +32,20 @@ pub(crate) fn write(attributes: Vec<(&'static str, String)>, event_id: &str) -> 
         key: "id",
         value: Some(event_id.as_bytes()),
     })
+}
+
+/// The CloudEvents attributes of a received record, or the reason they
+/// cannot be read. rdkafka panics on a header name that is not UTF-8 (any
+/// producer can write one); that panic is caught here and the record is
+/// quarantined with the reason instead of taking the consumer down.
+pub(crate) fn read_checked<M: Message>(message: &M) -> (Vec<(String, String)>, Option<String>) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(message.headers()))) {
+        Ok(read) => read,
+        Err(_) => (
+            Vec::new(),
+            Some("a header name of the record is not UTF-8".to_owned()),
+        ),
+    }
 }
 
 /// The CloudEvents attributes of received headers: `ce_` names matched

@@ -23,6 +23,7 @@ use outbox_core::store::ConfigError;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer,
 };
+use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
@@ -89,6 +90,12 @@ struct PartitionOffsets {
     epoch: u64,
     /// Offsets handed out, and whether each is settled.
     open: BTreeMap<i64, bool>,
+    /// Whether anything was settled in this assignment. Until then a
+    /// record may be one an earlier owner (or this process before a crash)
+    /// already handed to a handler: it is delivered as a redelivery, so the
+    /// consumer counts its handler starts and a record that takes the
+    /// process down each time ends in the dead letters.
+    settled_any: bool,
 }
 
 impl Tracker {
@@ -100,21 +107,20 @@ impl Tracker {
             PartitionOffsets {
                 epoch,
                 open: BTreeMap::new(),
+                settled_any: false,
             },
         );
         epoch
     }
 
-    /// Records a received offset; returns the assignment it belongs to.
-    fn received(&mut self, topic: &str, partition: i32, offset: i64) -> u64 {
-        let epoch = match self.partitions.get(&(topic.to_owned(), partition)) {
-            Some(owned) => owned.epoch,
-            None => self.assign(topic, partition),
-        };
-        if let Some(owned) = self.partitions.get_mut(&(topic.to_owned(), partition)) {
-            owned.open.insert(offset, false);
-        }
-        epoch
+    /// Records a received offset; returns the assignment it belongs to
+    /// and the attempt to deliver it as, or `None` for a partition this
+    /// instance does not own (its owner receives the record).
+    fn received(&mut self, topic: &str, partition: i32, offset: i64) -> Option<(u64, u32)> {
+        let owned = self.partitions.get_mut(&(topic.to_owned(), partition))?;
+        owned.open.insert(offset, false);
+        let attempt = if owned.settled_any { 1 } else { 2 };
+        Some((owned.epoch, attempt))
     }
 
     fn owns(&self, position: &Position) -> bool {
@@ -133,6 +139,7 @@ impl Tracker {
             return None;
         }
         owned.open.insert(position.offset, true);
+        owned.settled_any = true;
         let mut commit = None;
         while let Some(entry) = owned.open.first_entry() {
             if !*entry.get() {
@@ -163,6 +170,14 @@ pub struct GroupContext {
 impl ClientContext for GroupContext {}
 
 impl ConsumerContext for GroupContext {
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(error) = result {
+            // The next settled offset commits again; until then a restart
+            // re-reads (the inbox turns what was applied into duplicates).
+            tracing::warn!(%error, ?offsets, "Kafka offset commit failed");
+        }
+    }
+
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let mut tracker = self.tracker.lock().expect("offset tracker lock");
         match rebalance {
@@ -256,18 +271,27 @@ impl KafkaSource {
         }
     }
 
-    fn received(&self, message: &BorrowedMessage<'_>) -> KafkaDelivery {
+    fn received(&self, message: &BorrowedMessage<'_>) -> Option<KafkaDelivery> {
         let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
-        let epoch = self
+        let received = self
             .tracker
             .lock()
             .expect("offset tracker lock")
             .received(topic, partition, offset);
-        let (attributes, problem) = headers::read(message.headers());
+        let Some((epoch, attempt)) = received else {
+            tracing::warn!(
+                topic,
+                partition,
+                offset,
+                "a record of a partition this instance does not own; left to its owner"
+            );
+            return None;
+        };
+        let (attributes, problem) = headers::read_checked(message);
         let payload = message.payload().unwrap_or_default().to_vec();
         let incoming = match problem {
-            None => Incoming::new(attributes, payload, 1),
-            Some(reason) => Incoming::malformed(attributes, payload, 1, reason),
+            None => Incoming::new(attributes, payload, attempt),
+            Some(reason) => Incoming::malformed(attributes, payload, attempt, reason),
         };
         let position = Position {
             topic: topic.to_owned(),
@@ -275,7 +299,7 @@ impl KafkaSource {
             offset,
             epoch,
         };
-        self.delivery(position, incoming)
+        Some(self.delivery(position, incoming))
     }
 
     /// A retry that came back, unless its partition moved to another
@@ -287,6 +311,18 @@ impl KafkaSource {
             .expect("offset tracker lock")
             .owns(&position);
         owned.then(|| self.delivery(position, incoming))
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        // Closing a group consumer leaves the group and waits for it: not on
+        // a runtime worker. Deliveries still alive keep it open until the
+        // last one goes.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let consumer = Arc::clone(&self.consumer);
+            runtime.spawn_blocking(move || drop(consumer));
+        }
     }
 }
 
@@ -364,7 +400,7 @@ impl MessageSource for KafkaSource {
                     batch.extend(self.returned(position, incoming));
                 }
                 received = self.consumer.recv() => match received {
-                    Ok(message) => batch.push(self.received(&message)),
+                    Ok(message) => batch.extend(self.received(&message)),
                     Err(error) => {
                         return Err(SourceError(format!("Kafka receive failed: {error}")));
                     }
@@ -377,7 +413,7 @@ impl MessageSource for KafkaSource {
                 continue;
             }
             match self.consumer.recv().now_or_never() {
-                Some(Ok(message)) => batch.push(self.received(&message)),
+                Some(Ok(message)) => batch.extend(self.received(&message)),
                 _ => break,
             }
         }
@@ -399,13 +435,23 @@ mod tests {
             offset,
             epoch,
         };
-        for offset in [5, 6, 7] {
+        assert_eq!(tracker.received("u", 0, 1), None, "not owned");
+        assert_eq!(
+            tracker.received("t", 0, 5),
+            Some((epoch, 2)),
+            "before any settle"
+        );
+        for offset in [6, 7] {
             tracker.received("t", 0, offset);
         }
         assert_eq!(tracker.settle(&at(6)), None, "5 is still open");
         assert_eq!(tracker.settle(&at(5)), Some(7));
         assert_eq!(tracker.settle(&at(7)), Some(8));
-        tracker.received("t", 0, 8);
+        assert_eq!(
+            tracker.received("t", 0, 8),
+            Some((epoch, 1)),
+            "after a settle"
+        );
         // Revoked and assigned again: a late ack of the old assignment
         // commits nothing.
         tracker.assign("t", 0);

@@ -1,7 +1,8 @@
 //! The publishing side: an idempotent producer, records keyed by
 //! aggregate id, every delivery report awaited.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -22,6 +23,11 @@ const PROBE_PAUSE: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(crate) struct Reachability {
     state: Mutex<ReachState>,
+    /// The producer must be replaced before the next publish: librdkafka
+    /// reported a fatal error, or the cluster was unreachable and is back
+    /// (a broker that lost its log also lost the idempotent producer's
+    /// state, and the old producer would wait out every delivery timeout).
+    replace: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -33,6 +39,14 @@ struct ReachState {
 impl Reachability {
     fn mark_down(&self, reason: String) {
         self.state.lock().expect("reachability lock").down = Some(reason);
+    }
+
+    fn mark_replace(&self) {
+        self.replace.store(true, Ordering::SeqCst);
+    }
+
+    fn take_replace(&self) -> bool {
+        self.replace.swap(false, Ordering::SeqCst)
     }
 
     fn mark_up(&self) {
@@ -67,9 +81,13 @@ impl ClientContext for ProducerContext {
             Some(RDKafkaErrorCode::AllBrokersDown) => self
                 .reach
                 .mark_down(format!("all Kafka brokers are down: {reason}")),
-            Some(RDKafkaErrorCode::Fatal) => self.reach.mark_down(format!(
-                "the Kafka producer hit a fatal error ({reason}); restart the relay"
-            )),
+            Some(RDKafkaErrorCode::Fatal) => {
+                tracing::warn!(
+                    reason,
+                    "the Kafka producer hit a fatal error (for an idempotent producer: the broker lost its producer state, e.g. a broker restarted without its log); it is replaced before the next publish"
+                );
+                self.reach.mark_replace();
+            }
             _ => tracing::warn!(%error, reason, "librdkafka"),
         }
     }
@@ -82,7 +100,10 @@ impl ClientContext for ProducerContext {
 /// Starts while the cluster is unreachable (reports itself down until its
 /// metadata answers; the relay keeps events pending meanwhile).
 pub struct KafkaTransport {
-    producer: FutureProducer<ProducerContext>,
+    /// Replaced after a fatal error (a new producer id and epoch); records
+    /// the old one did not confirm were reported as retryable failures and
+    /// are published again by the relay, in order.
+    producer: RwLock<FutureProducer<ProducerContext>>,
     config: KafkaConfig,
     template: TopicTemplate,
     reach: Arc<Reachability>,
@@ -95,23 +116,9 @@ impl KafkaTransport {
     pub async fn connect(config: KafkaConfig) -> Result<KafkaTransport, KafkaError> {
         let template = config.validate()?;
         let reach = Arc::new(Reachability::default());
-        let mut client = config.client_config();
-        client
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set(
-                "message.timeout.ms",
-                config.delivery_timeout.as_millis().to_string(),
-            )
-            .set("linger.ms", "2");
-        config.apply_extra(&mut client);
-        let producer: FutureProducer<ProducerContext> = client
-            .create_with_context(ProducerContext {
-                reach: Arc::clone(&reach),
-            })
-            .map_err(|e| KafkaError::Client(e.to_string()))?;
+        let producer = build_producer(&config, &reach)?;
         let transport = KafkaTransport {
-            producer,
+            producer: RwLock::new(producer),
             config,
             template,
             reach,
@@ -132,9 +139,29 @@ impl KafkaTransport {
         &self.template
     }
 
+    /// The producer to use now, replaced first after a fatal error or an
+    /// outage.
+    fn producer(&self) -> FutureProducer<ProducerContext> {
+        if self.reach.take_replace() {
+            match build_producer(&self.config, &self.reach) {
+                Ok(fresh) => {
+                    *self.producer.write().expect("producer lock") = fresh;
+                    tracing::info!(
+                        "replaced the Kafka producer (after a fatal error or an outage)"
+                    );
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot replace the Kafka producer; trying again at the next publish");
+                    self.reach.mark_replace();
+                }
+            }
+        }
+        self.producer.read().expect("producer lock").clone()
+    }
+
     /// Asks for the cluster's metadata (all topics, so nothing is created).
     async fn probe(&self, timeout: Duration) -> Result<(), String> {
-        let producer = self.producer.clone();
+        let producer = self.producer();
         tokio::task::spawn_blocking(move || {
             producer
                 .client()
@@ -157,6 +184,28 @@ impl KafkaTransport {
             .timestamp(envelope.occurred_at.timestamp_millis())
             .headers(headers::write(attributes, &envelope.id.to_string()))
     }
+}
+
+/// A producer with the transport's settings: idempotent, `acks=all`.
+fn build_producer(
+    config: &KafkaConfig,
+    reach: &Arc<Reachability>,
+) -> Result<FutureProducer<ProducerContext>, KafkaError> {
+    let mut client = config.client_config();
+    client
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set(
+            "message.timeout.ms",
+            config.delivery_timeout.as_millis().to_string(),
+        )
+        .set("linger.ms", "2");
+    config.apply_extra(&mut client);
+    client
+        .create_with_context(ProducerContext {
+            reach: Arc::clone(reach),
+        })
+        .map_err(|e| KafkaError::Client(e.to_string()))
 }
 
 /// Retryable or not, by librdkafka's error code.
@@ -186,6 +235,7 @@ fn classify(error: &ClientError) -> PublishFailure {
 
 impl Transport for KafkaTransport {
     async fn publish(&self, events: &[&Envelope]) -> Vec<Result<(), PublishFailure>> {
+        let producer = self.producer();
         let mut pending = Vec::with_capacity(events.len());
         for envelope in events {
             let topic = match self.template.render(envelope) {
@@ -195,7 +245,7 @@ impl Transport for KafkaTransport {
                     continue;
                 }
             };
-            match self.producer.send_result(self.record(&topic, envelope)) {
+            match producer.send_result(self.record(&topic, envelope)) {
                 Ok(delivery) => pending.push(Ok(delivery)),
                 Err((error, _record)) => pending.push(Err(classify(&error))),
             }
@@ -234,7 +284,11 @@ impl Transport for KafkaTransport {
             Some(reason) if !reason.is_empty() => TransportHealth::Down { reason },
             Some(_) => match self.probe(Duration::from_secs(1)).await {
                 Ok(()) => {
+                    // Back after an outage: start over with a new producer
+                    // id. Unconfirmed records were reported as retryable
+                    // failures and come again from the relay, in order.
                     self.reach.mark_up();
+                    self.reach.mark_replace();
                     TransportHealth::Up
                 }
                 Err(reason) => {
@@ -242,6 +296,18 @@ impl Transport for KafkaTransport {
                     TransportHealth::Down { reason }
                 }
             },
+        }
+    }
+}
+
+impl Drop for KafkaTransport {
+    fn drop(&mut self) {
+        // A producer's last handle purges and flushes for a moment when it
+        // goes: not on a runtime worker. Records it did not confirm were
+        // not marked published; the relay sends them again.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let producer = self.producer.read().expect("producer lock").clone();
+            runtime.spawn_blocking(move || drop(producer));
         }
     }
 }

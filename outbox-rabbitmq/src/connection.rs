@@ -30,9 +30,22 @@ impl Link {
     }
 }
 
-/// Connects (bounded by `connect_timeout`), opens a channel and declares
-/// (or checks) the exchange.
+/// Connects, opens a channel and declares (or checks) the exchange, all
+/// within twice `connect_timeout` (a broker that takes the connection but
+/// never answers does not hold up the caller).
 pub(crate) async fn open(config: &RabbitConfig) -> Result<Link, RabbitError> {
+    let limit = config.connect_timeout * 2;
+    tokio::time::timeout(limit, open_unbounded(config))
+        .await
+        .unwrap_or_else(|_| {
+            Err(RabbitError::Connect {
+                url: redacted_url(&config.url),
+                reason: format!("the set-up did not finish within {limit:?}"),
+            })
+        })
+}
+
+async fn open_unbounded(config: &RabbitConfig) -> Result<Link, RabbitError> {
     let connect_error = |reason: String| RabbitError::Connect {
         url: redacted_url(&config.url),
         reason,

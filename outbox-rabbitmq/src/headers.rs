@@ -38,13 +38,8 @@ pub(crate) fn read(table: Option<&FieldTable>) -> (Vec<(String, String)>, Option
         let Some(attribute) = attribute_of(name.as_str()) else {
             continue;
         };
-        let text = match value {
-            AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok(),
-            AMQPValue::ShortString(text) => Some(text.as_str()),
-            _ => None,
-        };
-        match text {
-            Some(text) => attributes.push((attribute, text.to_owned())),
+        match text_of(value) {
+            Some(text) => attributes.push((attribute, text)),
             None => {
                 problem.get_or_insert_with(|| {
                     format!("header {name} is not a UTF-8 string ({value:?})")
@@ -53,6 +48,30 @@ pub(crate) fn read(table: Option<&FieldTable>) -> (Vec<(String, String)>, Option
         }
     }
     (attributes, problem)
+}
+
+/// An attribute value as text: strings as they are, and the other types
+/// the CloudEvents AMQP binding allows (booleans, integers, timestamps in
+/// milliseconds since the epoch, written as RFC 3339 times) converted.
+fn text_of(value: &AMQPValue) -> Option<String> {
+    Some(match value {
+        AMQPValue::LongString(text) => std::str::from_utf8(text.as_bytes()).ok()?.to_owned(),
+        AMQPValue::ShortString(text) => text.as_str().to_owned(),
+        AMQPValue::Boolean(b) => b.to_string(),
+        AMQPValue::ShortShortInt(n) => n.to_string(),
+        AMQPValue::ShortShortUInt(n) => n.to_string(),
+        AMQPValue::ShortInt(n) => n.to_string(),
+        AMQPValue::ShortUInt(n) => n.to_string(),
+        AMQPValue::LongInt(n) => n.to_string(),
+        AMQPValue::LongUInt(n) => n.to_string(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        AMQPValue::Timestamp(millis) => {
+            let millis = i64::try_from(*millis).ok()?;
+            chrono::DateTime::from_timestamp_millis(millis)?
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        }
+        _ => return None,
+    })
 }
 
 fn attribute_of(name: &str) -> Option<String> {
@@ -87,5 +106,19 @@ mod tests {
         );
         let (_, problem) = read(Some(&table));
         assert!(problem.unwrap().contains("cloudEvents:time"));
+
+        let mut typed = FieldTable::default();
+        typed.insert(
+            "cloudEvents:time".into(),
+            AMQPValue::Timestamp(1_767_225_600_000),
+        );
+        typed.insert(
+            "cloudEvents:aggregateversion".into(),
+            AMQPValue::LongLongInt(7),
+        );
+        let (attributes, problem) = read(Some(&typed));
+        assert!(problem.is_none());
+        assert!(attributes.contains(&("time".into(), "2026-01-01T00:00:00.000Z".into())));
+        assert!(attributes.contains(&("aggregateversion".into(), "7".into())));
     }
 }

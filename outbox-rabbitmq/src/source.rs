@@ -2,6 +2,7 @@
 //! keys, manual acks sent after the consumer's commit, a prefetch bound,
 //! and delayed requeues for retries.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
@@ -13,6 +14,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use outbox_core::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
 use outbox_core::store::ConfigError;
+use tokio::task::JoinHandle;
 
 use crate::config::{RabbitConfig, RabbitError, RoutingKeyTemplate, redacted_url};
 use crate::connection::{Link, RECONNECT_PAUSE, open};
@@ -71,10 +73,16 @@ impl RabbitSourceConfig {
     }
 }
 
+type Subscription = (Link, lapin::Consumer);
+
 /// Feeds a consumer from a RabbitMQ queue.
 pub struct RabbitSource {
-    config: RabbitSourceConfig,
-    link: Option<(Link, lapin::Consumer)>,
+    config: Arc<RabbitSourceConfig>,
+    link: Option<Subscription>,
+    /// A subscription being made in the background: the consumer loop
+    /// cancels `next_batch` at every sweep, and a subscription (connect,
+    /// declare, bind each key, consume) must survive that.
+    connecting: Option<JoinHandle<Result<Subscription, RabbitError>>>,
     last_attempt: Option<Instant>,
 }
 
@@ -115,12 +123,13 @@ impl RabbitSource {
             .into());
         }
         let mut source = RabbitSource {
-            config,
+            config: Arc::new(config),
             link: None,
-            last_attempt: None,
+            connecting: None,
+            last_attempt: Some(Instant::now()),
         };
-        match source.subscribe().await {
-            Ok(()) => {}
+        match subscribe(&source.config).await {
+            Ok(subscription) => source.link = Some(subscription),
             Err(error @ (RabbitError::Config(_) | RabbitError::Topology { .. })) => {
                 return Err(error);
             }
@@ -133,58 +142,73 @@ impl RabbitSource {
         Ok(source)
     }
 
-    async fn subscribe(&mut self) -> Result<(), RabbitError> {
-        self.last_attempt = Some(Instant::now());
-        let config = &self.config;
-        let link = open(&config.rabbit).await?;
-        let topology = |what: String| {
-            move |e: lapin::Error| RabbitError::Topology {
-                what,
-                reason: e.to_string(),
-            }
-        };
-        let queue_what = format!("queue {}", config.queue);
-        let mut arguments = FieldTable::default();
-        if config.single_active_consumer {
-            arguments.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    /// Starts a subscription in the background unless one is under way,
+    /// at most once per [`RECONNECT_PAUSE`].
+    fn start_subscribing(&mut self) {
+        if self.connecting.is_some() {
+            return;
         }
-        link.channel
-            .basic_qos(config.prefetch, BasicQosOptions::default())
-            .await
-            .map_err(topology(queue_what.clone()))?;
-        link.channel
-            .queue_declare(
-                config.queue.as_str().into(),
-                QueueDeclareOptions::durable(),
-                arguments,
-            )
-            .await
-            .map_err(topology(queue_what.clone()))?;
-        for binding in &config.bindings {
-            link.channel
-                .queue_bind(
-                    config.queue.as_str().into(),
-                    config.rabbit.exchange.as_str().into(),
-                    binding.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(topology(format!("binding {binding:?} of {queue_what}")))?;
+        let wait = self.last_attempt.map_or(Duration::ZERO, |at| {
+            RECONNECT_PAUSE.saturating_sub(at.elapsed())
+        });
+        self.last_attempt = Some(Instant::now() + wait);
+        let config = Arc::clone(&self.config);
+        self.connecting = Some(tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            subscribe(&config).await
+        }));
+    }
+}
+
+/// Connects, declares the exchange and the queue, binds it and consumes.
+async fn subscribe(config: &RabbitSourceConfig) -> Result<Subscription, RabbitError> {
+    let link = open(&config.rabbit).await?;
+    let topology = |what: String| {
+        move |e: lapin::Error| RabbitError::Topology {
+            what,
+            reason: e.to_string(),
         }
-        let consumer = link
-            .channel
-            .basic_consume(
+    };
+    let queue_what = format!("queue {}", config.queue);
+    let mut arguments = FieldTable::default();
+    if config.single_active_consumer {
+        arguments.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+    }
+    link.channel
+        .basic_qos(config.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(topology(queue_what.clone()))?;
+    link.channel
+        .queue_declare(
+            config.queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            arguments,
+        )
+        .await
+        .map_err(topology(queue_what.clone()))?;
+    for binding in &config.bindings {
+        link.channel
+            .queue_bind(
                 config.queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
+                config.rabbit.exchange.as_str().into(),
+                binding.as_str().into(),
+                QueueBindOptions::default(),
                 FieldTable::default(),
             )
             .await
-            .map_err(topology(queue_what))?;
-        self.link = Some((link, consumer));
-        Ok(())
+            .map_err(topology(format!("binding {binding:?} of {queue_what}")))?;
     }
+    let consumer = link
+        .channel
+        .basic_consume(
+            config.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(topology(queue_what))?;
+    Ok((link, consumer))
 }
 
 /// A RabbitMQ message being processed.
@@ -269,16 +293,24 @@ impl MessageSource for RabbitSource {
         let usable = self.link.as_ref().is_some_and(|(link, _)| link.is_open());
         if !usable {
             self.link = None;
-            if let Some(at) = self.last_attempt {
-                let wait = RECONNECT_PAUSE.saturating_sub(at.elapsed());
-                tokio::time::sleep(wait).await;
+            self.start_subscribing();
+            let connecting = self.connecting.as_mut().expect("a subscription under way");
+            let result = connecting.await;
+            self.connecting = None;
+            let url = redacted_url(&self.config.rabbit.url);
+            match result {
+                Ok(Ok(subscription)) => self.link = Some(subscription),
+                Ok(Err(error)) => {
+                    return Err(SourceError(format!(
+                        "RabbitMQ at {url}: {error}; subscribing again"
+                    )));
+                }
+                Err(error) => {
+                    return Err(SourceError(format!(
+                        "RabbitMQ at {url}: the subscription task failed ({error}); subscribing again"
+                    )));
+                }
             }
-            self.subscribe().await.map_err(|e| {
-                SourceError(format!(
-                    "RabbitMQ at {}: {e}; subscribing again",
-                    redacted_url(&self.config.rabbit.url)
-                ))
-            })?;
         }
         let Some((_, consumer)) = self.link.as_mut() else {
             return Err(SourceError("not subscribed".into()));

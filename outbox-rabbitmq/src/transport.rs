@@ -73,14 +73,19 @@ impl RabbitTransport {
 
     async fn open_confirming(&self) -> Result<Link, RabbitError> {
         let link = open(&self.config).await?;
-        link.channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| RabbitError::Connect {
-                url: redacted_url(&self.config.url),
-                reason: format!("cannot enable publisher confirms: {e}"),
-            })?;
-        Ok(link)
+        let confirm_mode = link.channel.confirm_select(ConfirmSelectOptions::default());
+        let reason = match tokio::time::timeout(self.config.connect_timeout, confirm_mode).await {
+            Ok(Ok(())) => return Ok(link),
+            Ok(Err(error)) => format!("cannot enable publisher confirms: {error}"),
+            Err(_) => format!(
+                "no answer to confirm.select within {:?}",
+                self.config.connect_timeout
+            ),
+        };
+        Err(RabbitError::Connect {
+            url: redacted_url(&self.config.url),
+            reason,
+        })
     }
 
     /// The open channel, reconnecting when the last attempt is old enough.
@@ -92,9 +97,12 @@ impl RabbitTransport {
             return Ok(link.channel.clone());
         }
         state.link = None;
-        if state
-            .last_attempt
-            .is_some_and(|at| at.elapsed() < RECONNECT_PAUSE)
+        // A link that broke is replaced at once; a failed attempt waits for
+        // the pause before the next.
+        if state.last_error.is_some()
+            && state
+                .last_attempt
+                .is_some_and(|at| at.elapsed() < RECONNECT_PAUSE)
         {
             return Err(state
                 .last_error
@@ -116,6 +124,15 @@ impl RabbitTransport {
                 Err(reason)
             }
         }
+    }
+
+    /// Whether the broker blocked the open connection.
+    async fn blocked(&self) -> bool {
+        let state = self.link.lock().await;
+        state
+            .link
+            .as_ref()
+            .is_some_and(|link| link.connection.status().blocked())
     }
 
     fn properties(&self, envelope: &Envelope) -> BasicProperties {
@@ -162,7 +179,7 @@ impl RabbitTransport {
                 self.properties(envelope),
             )
             .await
-            .map_err(|e| classify(&e))
+            .map_err(|e| classify(&e, payload.len()))
     }
 }
 
@@ -175,13 +192,30 @@ fn short(text: &str) -> &str {
     &text[..end]
 }
 
-fn classify(error: &lapin::Error) -> PublishFailure {
+/// Retryable or not. A message over the broker's `max_message_size` makes
+/// it close the channel (406), and lapin fails every unconfirmed publish
+/// of that channel with the same error: only the message of the size the
+/// broker names is refused for good, the others are retryable.
+fn classify(error: &lapin::Error, payload_len: usize) -> PublishFailure {
     let text = error.to_string();
-    if text.contains("larger than configured max size") {
-        PublishFailure::permanent(format!("RabbitMQ refused the message: {text}"))
-    } else {
-        PublishFailure::retryable(format!("RabbitMQ publish failed: {text}"))
+    match refused_size(&text) {
+        Some(size) if size == payload_len => {
+            PublishFailure::permanent(format!("RabbitMQ refused the message: {text}"))
+        }
+        Some(_) => PublishFailure::retryable(format!(
+            "the broker closed the channel for another, too large message ({text})"
+        )),
+        None => PublishFailure::retryable(format!("RabbitMQ publish failed: {text}")),
     }
+}
+
+/// The size in "message size 1234 is larger than configured max size ...".
+fn refused_size(text: &str) -> Option<usize> {
+    let rest = &text[text.find("message size ")? + "message size ".len()..];
+    if !rest.contains("larger than configured max size") {
+        return None;
+    }
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 impl Transport for RabbitTransport {
@@ -194,14 +228,23 @@ impl Transport for RabbitTransport {
                 return events.iter().map(|_| Err(failure.clone())).collect();
             }
         };
+        // A connection the broker blocked (a memory or disk alarm) takes no
+        // writes until the alarm clears: bound the writes too.
+        let deadline = self.config.confirm_timeout;
         let mut pending = Vec::with_capacity(events.len());
         for envelope in events {
-            pending.push(self.send(&channel, envelope).await);
+            let sent = tokio::time::timeout(deadline, self.send(&channel, envelope))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PublishFailure::retryable(format!(
+                        "RabbitMQ took no message within {deadline:?} (a blocked connection: resource alarm?)"
+                    )))
+                });
+            pending.push((sent, envelope.payload.get().len()));
         }
         // Every message is written; wait for all confirms at once so one
         // timeout bounds the whole batch.
-        let deadline = self.config.confirm_timeout;
-        join_all(pending.into_iter().map(|sent| async move {
+        join_all(pending.into_iter().map(|(sent, payload_len)| async move {
             let confirm = sent?;
             match tokio::time::timeout(deadline, confirm).await {
                 Ok(Ok(Confirmation::Ack(None))) => Ok(()),
@@ -215,7 +258,7 @@ impl Transport for RabbitTransport {
                 Ok(Ok(Confirmation::NotRequested)) => Err(PublishFailure::retryable(
                     "the channel is not in confirm mode",
                 )),
-                Ok(Err(error)) => Err(classify(&error)),
+                Ok(Err(error)) => Err(classify(&error, payload_len)),
                 Err(_) => Err(PublishFailure::retryable(format!(
                     "no confirm from RabbitMQ within {deadline:?}"
                 ))),
@@ -229,6 +272,14 @@ impl Transport for RabbitTransport {
     }
 
     async fn health(&self) -> TransportHealth {
+        if self.blocked().await {
+            return TransportHealth::Down {
+                reason: format!(
+                    "RabbitMQ at {} blocked the connection (a memory or disk alarm); publishing resumes when it clears",
+                    redacted_url(&self.config.url)
+                ),
+            };
+        }
         match self.channel().await {
             Ok(_) => TransportHealth::Up,
             Err(reason) => TransportHealth::Down {

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod nats;
 pub mod proxy;
 pub mod stats;
+pub mod tansu;
 pub mod transports;
 pub mod wait;
 

@@ -1,8 +1,7 @@
 //! What only Kafka has: records keyed by aggregate id on the Debezium
 //! topic with the CloudEvents Kafka binding's headers, as a plain Kafka
 //! reader sees them; and the cluster's refusals (authorization, injected
-//! into librdkafka's mock cluster) reported per record as permanent, while
-//! errors the producer retries itself end in delivery.
+//! into librdkafka's mock cluster) reported per record as permanent.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,10 +21,14 @@ async fn records_are_keyed_by_aggregate_with_cloudevents_headers() {
     let transport = outbox_kafka::KafkaTransport::connect(broker.config())
         .await
         .unwrap();
-    let events: Vec<Envelope> = ["a.b", "Zoë 100%", "a.b", "plain"]
-        .iter()
-        .enumerate()
-        .map(|(n, id)| Envelope::for_event(&Ticked::new(*id, n as u64), n as i64 + 1).unwrap())
+    // Ten records for each of four keys: with keying broken, ten records
+    // of a key land on one of four partitions by chance once in 4^9.
+    let events: Vec<Envelope> = (1..=10)
+        .flat_map(|version| {
+            ["a.b", "Zoë 100%", "line\nbreak", "plain"].map(move |id| {
+                Envelope::for_event(&Ticked::new(id, version as u64), version).unwrap()
+            })
+        })
         .collect();
     for envelope in &events {
         // One call per event: the relay never puts two events of one
@@ -89,16 +92,18 @@ async fn records_are_keyed_by_aggregate_with_cloudevents_headers() {
         assert_eq!(headers["content-type"], "application/json");
         assert!(!headers.contains_key("ce_datacontenttype"));
     }
-    let partitions_of_ab: Vec<i32> = seen
-        .iter()
-        .filter(|(key, _, _)| key == "a.b")
-        .map(|(_, partition, _)| *partition)
-        .collect();
-    assert_eq!(partitions_of_ab.len(), 2);
-    assert_eq!(
-        partitions_of_ab[0], partitions_of_ab[1],
-        "one aggregate, one partition"
-    );
+    let mut partitions_by_key: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (key, partition, _) in &seen {
+        partitions_by_key.entry(key).or_default().push(*partition);
+    }
+    assert_eq!(partitions_by_key.len(), 4);
+    for (key, partitions) in &partitions_by_key {
+        assert_eq!(partitions.len(), 10);
+        assert!(
+            partitions.iter().all(|p| *p == partitions[0]),
+            "{key:?}: one aggregate, one partition ({partitions:?})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,22 +124,81 @@ async fn authorization_refusals_are_permanent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn errors_the_producer_retries_itself_end_delivered() {
+async fn rebalances_lose_nothing_and_apply_nothing_twice() {
+    use outbox_core::consumer::ConsumerConfig;
+    use outbox_core::relay::{Relay, RelayConfig};
+    use outbox_tests::conformance::Broker;
+    use outbox_tests::consumers::{create_effects, effects, tick_consumer};
+    use outbox_tests::{TestDb, wait};
+
     let broker = KafkaBroker::start();
-    let transport = outbox_kafka::KafkaTransport::connect(broker.config())
-        .await
-        .unwrap();
-    let envelope = Envelope::for_event(&Ticked::new("flaky", 1), 1).unwrap();
-    broker.cluster().request_errors(
-        RDKafkaApiKey::Produce,
-        &[
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
-        ],
-    );
-    let outcome = transport.publish(&[&envelope]).await.remove(0);
-    assert!(
-        outcome.is_ok(),
-        "librdkafka retries transient errors itself: {outcome:?}"
-    );
+    let db = TestDb::new().await;
+    create_effects(&db).await;
+    let name = outbox_tests::conformance::unique_name("rebalance");
+    let consumer = tick_consumer(&db, &name, ConsumerConfig::default(), Duration::ZERO, &[]);
+    let first = consumer.spawn(broker.source(&consumer).await);
+    let relay = Relay::start_postgres(
+        db.pool.clone(),
+        db.schema.clone(),
+        broker.transport().await,
+        RelayConfig {
+            poll_interval: Duration::from_millis(20),
+            stats_interval: Duration::ZERO,
+            ..RelayConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let emit_round = |tick: u64| {
+        let db = &db;
+        async move {
+            let mut tx = db.pool.begin().await.unwrap();
+            let events: Vec<Ticked> = (0..12)
+                .map(|c| Ticked::new(format!("r{c}"), tick))
+                .collect();
+            db.outbox.emit_all(&mut tx, &events).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    for tick in 1..=10 {
+        emit_round(tick).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    // A second instance joins: the partitions are divided anew.
+    let second = consumer.spawn(broker.source(&consumer).await);
+    for tick in 11..=20 {
+        emit_round(tick).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    // The first leaves: the second takes every partition.
+    first.drain(Duration::from_secs(10)).await.unwrap();
+    for tick in 21..=30 {
+        emit_round(tick).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    wait::until("360 events applied", Duration::from_secs(90), || async {
+        effects(&db, &name).await.len() >= 360
+    })
+    .await;
+    // Redeliveries after the rebalances settle as duplicates.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = effects(&db, &name).await;
+    assert_eq!(seen.len(), 360, "each event applied once");
+    let mut by_aggregate: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for effect in seen {
+        by_aggregate
+            .entry(effect.aggregate_id)
+            .or_default()
+            .push(effect.aggregate_version);
+    }
+    for (aggregate, versions) in by_aggregate {
+        assert_eq!(
+            versions,
+            (1..=30).collect::<Vec<i64>>(),
+            "{aggregate}: in order"
+        );
+    }
+    second.drain(Duration::from_secs(10)).await.unwrap();
+    relay.drain(Duration::from_secs(5)).await.unwrap();
+    db.drop_schema().await;
 }

@@ -1,0 +1,141 @@
+//! The Kafka relay against a Kafka-compatible broker in its own process
+//! (Tansu, memory-only), killed with SIGKILL and started again while the
+//! relay runs: events emitted during the outage wait, pending with no
+//! attempt used, and are published in order per aggregate once the broker
+//! is back. (The restarted broker is empty, so what it held before is gone
+//! with it: that is the broker's storage, not the relay's doing.)
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use outbox_core::EventDraft;
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_kafka::{KafkaConfig, KafkaTransport};
+use outbox_tests::events::Ticked;
+use outbox_tests::tansu::TansuBroker;
+use outbox_tests::{TestDb, wait};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use sqlx::AssertSqlSafe;
+
+const TOPIC: &str = "outbox.event.counter";
+
+async fn emit(db: &TestDb, events: Vec<Ticked>) {
+    let mut tx = db.pool.begin().await.unwrap();
+    let drafts = events.iter().map(|e| EventDraft::new(e).unwrap()).collect();
+    db.outbox.emit_drafts(&mut tx, drafts).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn statuses(db: &TestDb) -> Vec<(String, i64, String, i32)> {
+    sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT aggregate_id, aggregate_version, status, attempt_count FROM {} ORDER BY aggregate_id, aggregate_version",
+        db.table("outbox_events")
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_outlives_a_killed_broker_process_and_publishes_in_order_after_it() {
+    let mut broker = TansuBroker::start();
+    broker.create_topic(TOPIC, 4);
+    let db = TestDb::new().await;
+    let transport = KafkaTransport::connect(KafkaConfig {
+        bootstrap_servers: broker.bootstrap_servers(),
+        connect_timeout: Duration::from_secs(2),
+        client: vec![("reconnect.backoff.max.ms".into(), "500".into())],
+        ..KafkaConfig::default()
+    })
+    .await
+    .unwrap();
+    let relay = Relay::start_postgres(
+        db.pool.clone(),
+        db.schema.clone(),
+        transport,
+        RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            stats_interval: Duration::ZERO,
+            error_backoff: Duration::from_millis(200),
+            ..RelayConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    emit(
+        &db,
+        (1..=4).map(|c| Ticked::new(format!("k{c}"), 1)).collect(),
+    )
+    .await;
+    wait::until(
+        "the first events published",
+        Duration::from_secs(30),
+        || async { statuses(&db).await.iter().all(|r| r.2 == "published") },
+    )
+    .await;
+
+    broker.kill();
+    wait::until(
+        "the relay sees the broker down",
+        Duration::from_secs(30),
+        || async { !relay.health().is_up() },
+    )
+    .await;
+    for tick in 2..=5 {
+        emit(
+            &db,
+            (1..=4)
+                .map(|c| Ticked::new(format!("k{c}"), tick))
+                .collect(),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (aggregate, version, status, attempts) in statuses(&db).await {
+        if version > 1 {
+            assert_eq!(
+                (status.as_str(), attempts),
+                ("pending", 0),
+                "{aggregate} v{version} waits untouched while the broker is down"
+            );
+        }
+    }
+
+    broker.resume();
+    broker.create_topic(TOPIC, 4);
+    wait::until(
+        "everything published after the restart",
+        Duration::from_secs(60),
+        || async { statuses(&db).await.iter().all(|r| r.2 == "published") },
+    )
+    .await;
+    relay.drain(Duration::from_secs(5)).await.unwrap();
+
+    let reader: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap_servers())
+        .set("group.id", "plain-reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    reader.subscribe(&[TOPIC]).unwrap();
+    let mut by_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    while by_key.values().map(Vec::len).sum::<usize>() < 16 {
+        let message = tokio::time::timeout(Duration::from_secs(30), reader.recv())
+            .await
+            .expect("the republished records within 30 s")
+            .unwrap();
+        let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
+        let payload: serde_json::Value =
+            serde_json::from_slice(message.payload().unwrap()).unwrap();
+        by_key
+            .entry(key)
+            .or_default()
+            .push(payload["tick"].as_i64().unwrap());
+    }
+    for c in 1..=4 {
+        assert_eq!(by_key[&format!("k{c}")], vec![2, 3, 4, 5], "k{c} in order");
+    }
+    db.drop_schema().await;
+}
