@@ -182,7 +182,9 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Replaces all settings.
+    /// Replaces all settings, including an ordering or retry policy set
+    /// before it by [`ordering`](Self::ordering) or [`retry`](Self::retry):
+    /// call `config` first, or put the ordering in the [`ConsumerConfig`].
     pub fn config(mut self, config: ConsumerConfig) -> Self {
         self.config = config;
         self

@@ -1,0 +1,207 @@
+//! One process of the fault suite (`tests/tests/fault_suite.rs`): a relay,
+//! a consumer or a producer, run as its own OS process so the suite can
+//! kill it (SIGKILL), stop it (SIGSTOP) and start it again.
+//!
+//! `fault-node relay` | `fault-node consumer <name> <strict|stale>` |
+//! `fault-node producer <aggregates> <rounds> <writers> <pause_ms>` (a pause
+//! before each round spreads the load over the fault window)
+//!
+//! Settings from the environment: `OUTBOX_TEST_SCHEMA` (the schema in the
+//! test database), `OUTBOX_PG_ADDR` (`host:port` to reach PostgreSQL
+//! through, the suite's proxy), `OUTBOX_NATS_URL`.
+
+use std::time::Duration;
+
+use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Ordering, RetryPolicy};
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::store::SchemaName;
+use outbox_core::{EmitOptions, Outbox};
+use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
+use outbox_tests::consumers::tick_handler;
+use outbox_tests::events::{PieceMoved, Ticked};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"))
+}
+
+async fn pool(size: u32) -> PgPool {
+    let mut options: PgConnectOptions = outbox_tests::db::test_database_options();
+    if let Ok(addr) = std::env::var("OUTBOX_PG_ADDR") {
+        let (host, port) = addr.rsplit_once(':').expect("OUTBOX_PG_ADDR is host:port");
+        options = options.host(host).port(port.parse().expect("a port"));
+    }
+    // Lazy: the database may be unreachable at start (a cut proxy); every
+    // loop retries with its backoff.
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy_with(options)
+}
+
+fn nats() -> NatsConfig {
+    NatsConfig {
+        url: env("OUTBOX_NATS_URL"),
+        connect_timeout: Duration::from_secs(2),
+        ack_timeout: Duration::from_secs(3),
+        ..NatsConfig::default()
+    }
+}
+
+fn schema() -> SchemaName {
+    SchemaName::new(env("OUTBOX_TEST_SCHEMA")).expect("valid schema")
+}
+
+async fn relay() {
+    let transport = NatsTransport::connect(nats()).await.expect("NATS settings");
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        publish_timeout: Duration::from_secs(2),
+        claim_timeout: Duration::from_secs(3),
+        error_backoff: Duration::from_millis(200),
+        stats_interval: Duration::ZERO,
+        batch_size: 50,
+        ..RelayConfig::default()
+    };
+    let _relay = Relay::start_postgres(pool(4).await, schema(), transport, config)
+        .await
+        .expect("relay");
+    println!("relay started");
+    std::future::pending::<()>().await;
+}
+
+async fn consumer(name: &str, ordering: &str) {
+    let ordering = match ordering {
+        "strict" => Ordering::Strict {
+            park_timeout: Duration::from_secs(600),
+        },
+        "stale" => Ordering::RejectStale,
+        other => panic!("ordering {other:?}: strict or stale"),
+    };
+    let pool = pool(4).await;
+    let schema = schema();
+    let table = format!("{}.effects", schema.quoted());
+    let consumer = ConsumerBuilder::new(name)
+        .config(ConsumerConfig {
+            ordering,
+            batch_size: 8,
+            retry: RetryPolicy {
+                max_attempts: 1_000,
+                ..RetryPolicy::default()
+            },
+            ..ConsumerConfig::default()
+        })
+        .on_fn::<Ticked, _>(tick_handler(
+            table.clone(),
+            Duration::ZERO,
+            std::sync::Arc::new(Vec::new()),
+        ))
+        .on_fn::<PieceMoved, _>(outbox_tests::consumers::effect_handler(table))
+        .build(pool, schema)
+        .expect("consumer builds");
+    let config = JetStreamSourceConfig {
+        ack_wait: Duration::from_secs(5),
+        ..JetStreamSourceConfig::for_consumer(&consumer, nats()).expect("source settings")
+    };
+    let source = JetStreamSource::connect(config).await.expect("NATS source");
+    let task = consumer.spawn(source);
+    println!("consumer {name} started");
+    task.join().await.expect("consumer task");
+}
+
+/// From `writers` concurrent writers, each round: every writer emits a
+/// tick on every counter (several writers per aggregate, versions counted
+/// by the outbox), and the writer that owns a piece emits its move with
+/// the round as the carried version. Every fifth round's ticks carry an
+/// idempotency key and are sent twice (a client retry). The producer
+/// reaches PostgreSQL directly (not through the suite's proxy): a command
+/// without a key whose commit outcome was lost could not be retried
+/// safely. Prints `produced` at the end.
+async fn producer(aggregates: usize, rounds: u64, writers: usize, pause: Duration) {
+    let mut options = outbox_tests::db::test_database_options();
+    options = options.application_name("fault-producer");
+    let pool = PgPoolOptions::new()
+        .max_connections(writers as u32 + 1)
+        .connect_with(options)
+        .await
+        .expect("test database");
+    let outbox = Outbox::new(schema());
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let (pool, outbox) = (pool.clone(), outbox.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 1..=rounds {
+                tokio::time::sleep(pause).await;
+                for aggregate in 0..aggregates {
+                    let key = (round % 5 == 0).then(|| format!("cmd-{writer}-{aggregate}-{round}"));
+                    let sends = if key.is_some() { 2 } else { 1 };
+                    for _ in 0..sends {
+                        let mut tx = pool.begin().await.expect("begin");
+                        let options = EmitOptions {
+                            idempotency_key: key.clone(),
+                            ..EmitOptions::default()
+                        };
+                        outbox
+                            .emit_with(
+                                &mut tx,
+                                &Ticked::new(format!("c{aggregate}"), round),
+                                options,
+                            )
+                            .await
+                            .expect("emit a tick");
+                        tx.commit().await.expect("commit");
+                    }
+                    if aggregate % writers == writer {
+                        let mut tx = pool.begin().await.expect("begin");
+                        outbox
+                            .emit(
+                                &mut tx,
+                                &PieceMoved::new(format!("p{aggregate}"), round as i64),
+                            )
+                            .await
+                            .expect("emit a move");
+                        tx.commit().await.expect("commit");
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("writer");
+    }
+    println!("produced");
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["relay"] => relay().await,
+        ["consumer", name, ordering] => consumer(name, ordering).await,
+        ["producer", aggregates, rounds, writers, pause_ms] => {
+            producer(
+                aggregates.parse().expect("aggregates"),
+                rounds.parse().expect("rounds"),
+                writers.parse().expect("writers"),
+                Duration::from_millis(pause_ms.parse().expect("pause_ms")),
+            )
+            .await
+        }
+        _ => panic!(
+            "usage: fault-node relay | consumer <name> <strict|stale> | producer <aggregates> <rounds> <writers> <pause_ms>"
+        ),
+    }
+}
