@@ -386,13 +386,26 @@ impl MessageSource for JetStreamSource {
         let Some(messages) = self.messages.as_mut() else {
             return Err(SourceError("not subscribed".into()));
         };
-        let mut batch = Vec::new();
+        // A JetStream source never closes: a pull that failed (a missed
+        // heartbeat after a server restart, say) or a stream that ended is
+        // subscribed again at the next call, after the consumer loop's
+        // backoff. Unacknowledged messages come back after the ack wait.
         let first = match messages.next().await {
             Some(Ok(message)) => message,
-            Some(Err(error)) => return Err(SourceError(format!("JetStream pull failed: {error}"))),
-            None => return Ok(batch),
+            Some(Err(error)) => {
+                self.messages = None;
+                return Err(SourceError(format!(
+                    "JetStream pull failed: {error}; subscribing again"
+                )));
+            }
+            None => {
+                self.messages = None;
+                return Err(SourceError(
+                    "the JetStream pull stream ended; subscribing again".into(),
+                ));
+            }
         };
-        batch.push(JetStreamDelivery::new(first, &self.durable));
+        let mut batch = vec![JetStreamDelivery::new(first, &self.durable)];
         while batch.len() < max {
             match messages.next().now_or_never() {
                 Some(Some(Ok(message))) => {

@@ -39,12 +39,11 @@ pub fn test_database_options() -> PgConnectOptions {
     options.database(DATABASE)
 }
 
-async fn ensure_database() {
-    let options: PgConnectOptions = server_url().parse().expect("DATABASE_URL");
+async fn ensure_database(server_url: &str) {
+    let options: PgConnectOptions = server_url.parse().expect("a PostgreSQL URL");
     let mut conn = PgConnection::connect_with(&options).await.unwrap_or_else(|e| {
         panic!(
-            "PostgreSQL is not reachable at {} ({e}); start it (scripts/services.sh does) before running the tests",
-            server_url()
+            "PostgreSQL is not reachable at {server_url} ({e}); start it (scripts/services.sh does) before running the tests"
         )
     });
     let exists: bool =
@@ -108,6 +107,15 @@ impl TestDb {
         TestDb::create(unique_name(), size).await
     }
 
+    /// As [`TestDb::new`] on another server (`server_url`, e.g. a
+    /// [`PgCluster`](crate::pgcluster::PgCluster)'s), in its
+    /// `outbox_tests` database: processes that get `DATABASE_URL =
+    /// server_url` find it with [`test_database_options`].
+    pub async fn on_server(server_url: &str, size: u32) -> TestDb {
+        let options: PgConnectOptions = server_url.parse().expect("a PostgreSQL URL");
+        TestDb::create_on(server_url, options.database(DATABASE), unique_name(), size).await
+    }
+
     /// As [`TestDb::new`] in a schema whose name is `length` bytes long
     /// (unique, padded with `x`): for limits that depend on the name.
     pub async fn with_schema_name_length(length: usize) -> TestDb {
@@ -122,11 +130,20 @@ impl TestDb {
     }
 
     async fn create(name: String, size: u32) -> TestDb {
-        ensure_database().await;
+        TestDb::create_on(&server_url(), test_database_options(), name, size).await
+    }
+
+    async fn create_on(
+        server_url: &str,
+        options: PgConnectOptions,
+        name: String,
+        size: u32,
+    ) -> TestDb {
+        ensure_database(server_url).await;
         let schema = SchemaName::new(name).expect("valid test schema name");
         let pool = PgPoolOptions::new()
             .max_connections(size)
-            .connect_with(test_database_options())
+            .connect_with(options)
             .await
             .unwrap_or_else(|e| panic!("cannot connect to the test database: {e}"));
         let outbox = Outbox::new(schema.clone());

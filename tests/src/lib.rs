@@ -4,6 +4,7 @@
 //! Every helper fails loudly (a panic naming the service and how to start
 //! it) when a service cannot be had: a test never skips.
 
+pub mod chaos;
 pub mod conformance;
 pub mod consumers;
 pub mod db;
@@ -11,6 +12,7 @@ pub mod events;
 pub mod jetstream;
 pub mod metrics;
 pub mod nats;
+pub mod pgcluster;
 pub mod proxy;
 pub mod stats;
 pub mod tansu;

@@ -1,15 +1,20 @@
 //! The fault suite, CI length: relays and consumers as separate processes
-//! (`fault-node`) against the test PostgreSQL (reached through a TCP proxy
-//! the suite owns) and a private nats-server, with load from a producer
+//! (`fault-node`) against a private PostgreSQL cluster (reached through a
+//! TCP proxy the suite owns) and a private nats-server, with load from a producer
 //! process, while faults are injected at random from a printed seed:
 //! SIGKILL of a relay and of a consumer (restarted), SIGSTOP of a relay
 //! past its claim timeout (then SIGCONT), nats-server killed and
-//! restarted, every database connection of the relays and consumers cut.
+//! restarted, PostgreSQL restarted (`pg_ctl restart -m fast`), every
+//! database connection of the relays and consumers cut;
+//! the consumers' sources deliver 5% of messages twice and shuffle every
+//! batch (`tests/src/chaos.rs`).
 //! At the end the invariants are checked from the databases, not from
 //! logs: every committed event published; each consumer applied each event
 //! exactly once (Strict) or at most once with the last version as its
 //! final state (RejectStale); under Strict each aggregate's versions applied
-//! gap-free and ascending; nothing in the quarantine or dead letters;
+//! gap-free and ascending; the poison events in the mix (a schema version
+//! from a newer producer, a payload that does not decode) quarantined once
+//! each with a reason, and nothing else in the quarantine or dead letters;
 //! nothing left pending or claimed; the producer's idempotency keys gave
 //! one event each.
 //!
@@ -23,6 +28,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_tests::consumers::create_effects;
+use outbox_tests::pgcluster::PgCluster;
 use outbox_tests::proxy::TcpProxy;
 use outbox_tests::{NatsServer, TestDb, wait};
 use sqlx::AssertSqlSafe;
@@ -31,6 +37,7 @@ const AGGREGATES: usize = 12;
 const ROUNDS: u64 = 40;
 const WRITERS: usize = 3;
 const CONSUMERS: [(&str, &str); 2] = [("strict", "strict"), ("stale", "stale")];
+const POISON: usize = 6;
 
 /// A small deterministic generator (SplitMix64): the same seed, the same
 /// schedule.
@@ -57,14 +64,16 @@ enum Fault {
     KillConsumer,
     RestartNats,
     CutDatabase,
+    RestartPostgres,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 6] = [
     Fault::KillRelay,
     Fault::StopRelay,
     Fault::KillConsumer,
     Fault::RestartNats,
     Fault::CutDatabase,
+    Fault::RestartPostgres,
 ];
 
 struct Node {
@@ -139,16 +148,20 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
     println!("fault suite seed {seed} (replay with OUTBOX_FAULT_SEED={seed})");
     let mut schedule = Schedule(seed);
 
-    let db = TestDb::with_pool_size(4).await;
+    // A private PostgreSQL cluster: the suite restarts it.
+    let postgres = PgCluster::start();
+    let db = TestDb::on_server(&postgres.url(), 4).await;
     create_effects(&db).await;
     let mut nats = NatsServer::start();
-    let pg = outbox_tests::db::test_database_options();
-    let proxy = TcpProxy::start(&format!("{}:{}", pg.get_host(), pg.get_port())).await;
+    let proxy = TcpProxy::start(&format!("127.0.0.1:{}", postgres.port())).await;
     let cluster = Cluster {
         env: vec![
+            ("DATABASE_URL".into(), postgres.url()),
             ("OUTBOX_TEST_SCHEMA".into(), db.schema.as_str().to_owned()),
             ("OUTBOX_PG_ADDR".into(), proxy.address()),
             ("OUTBOX_NATS_URL".into(), nats.url()),
+            // Consumers see 5% of messages twice and every batch shuffled.
+            ("OUTBOX_CHAOS".into(), format!("{seed}:50:1")),
         ],
         relays: Vec::new(),
         consumers: Vec::new(),
@@ -176,6 +189,32 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
         &WRITERS.to_string(),
         &(fault_seconds * 1000 / ROUNDS).to_string(),
     ]);
+
+    // Events from a newer producer (schema version 99) and one whose
+    // payload does not decode: each consumer must quarantine them.
+    let mut poison = Vec::new();
+    for n in 0..POISON {
+        let (version, payload) = if n % 2 == 0 {
+            (
+                99,
+                format!(r#"{{"counter":"poison-{n}","tick":1,"note":"from a newer producer"}}"#),
+            )
+        } else {
+            (1, r#"{"wrong":true}"#.to_owned())
+        };
+        let id: uuid::Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
+            "INSERT INTO {} (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+             VALUES (gen_random_uuid(), 'counter', $1, 1, 'counter.ticked', $2, $3::json) RETURNING id",
+            db.table("outbox_events")
+        )))
+        .bind(format!("poison-{n}"))
+        .bind(version)
+        .bind(payload)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        poison.push(id);
+    }
 
     // Every fault kind once, in a seeded order, then seeded picks.
     let mut order: Vec<Fault> = FAULTS.to_vec();
@@ -218,6 +257,11 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
                 tokio::time::sleep(Duration::from_millis(500 + schedule.below(1_500))).await;
                 nats.resume();
             }
+            Fault::RestartPostgres => {
+                // Blocks this worker for the restart (a second or two);
+                // the proxy runs on the other.
+                postgres.restart();
+            }
             Fault::CutDatabase => {
                 proxy.down();
                 tokio::time::sleep(Duration::from_millis(500 + schedule.below(2_000))).await;
@@ -259,12 +303,13 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
 
     let ticks = (WRITERS as u64 * ROUNDS * AGGREGATES as u64) as i64;
     let moves = (ROUNDS * AGGREGATES as u64) as i64;
-    let total = ticks + moves;
+    let applicable = ticks + moves;
+    let total = applicable + POISON as i64;
     let outbox = db.table("outbox_events");
     assert_eq!(
         scalar(
             &db,
-            &format!("SELECT count(*) FROM {outbox} WHERE event_type = 'counter.ticked'")
+            &format!("SELECT count(*) FROM {outbox} WHERE event_type = 'counter.ticked' AND aggregate_id NOT LIKE 'poison-%'")
         )
         .await,
         ticks,
@@ -308,7 +353,7 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
                 ),
             )
             .await
-                == total
+                == applicable
         },
     )
     .await;
@@ -340,25 +385,34 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
             0,
             "{name}: no event applied twice"
         );
+        // The poison events, and nothing else, in the quarantine: once
+        // each, with a reason; nothing dead-lettered.
+        let letters: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT event_id, kind, reason FROM {} WHERE consumer_name = $1 ORDER BY event_id",
+            db.table("outbox_dead_letters")
+        )))
+        .bind(name)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let mut expected = poison.clone();
+        expected.sort();
         assert_eq!(
-            scalar(
-                &db,
-                &format!(
-                    "SELECT count(*) FROM {} WHERE consumer_name = '{name}'",
-                    db.table("outbox_dead_letters")
-                )
-            )
-            .await,
-            0,
-            "{name}: nothing quarantined or dead-lettered"
+            letters.iter().map(|l| l.0).collect::<Vec<_>>(),
+            expected,
+            "{name}: each poison event quarantined once, nothing else lettered"
         );
-        // Nothing silently gone: every event has its inbox row (applied,
-        // or passed over as stale).
+        for (event, kind, reason) in &letters {
+            assert_eq!(kind, "quarantined", "{name}: {event}");
+            assert!(!reason.is_empty(), "{name}: {event} has a reason");
+        }
+        // Nothing silently gone: every other event has its inbox row
+        // (applied, or passed over as stale).
         assert_eq!(
             scalar(
                 &db,
                 &format!(
-                    "SELECT count(*) FROM {outbox} o WHERE NOT EXISTS (SELECT 1 FROM {} p WHERE p.consumer_name = '{name}' AND p.event_id = o.id)",
+                    "SELECT count(*) FROM {outbox} o WHERE o.aggregate_id NOT LIKE 'poison-%' AND NOT EXISTS (SELECT 1 FROM {} p WHERE p.consumer_name = '{name}' AND p.event_id = o.id)",
                     db.table("outbox_processed_events")
                 )
             )
@@ -378,7 +432,11 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
     for (aggregate, version) in rows {
         by_aggregate.entry(aggregate).or_default().push(version);
     }
-    assert_eq!(by_aggregate.len(), 2 * AGGREGATES);
+    assert_eq!(
+        by_aggregate.len(),
+        2 * AGGREGATES,
+        "strict: no poison applied"
+    );
     for (aggregate, versions) in &by_aggregate {
         let last = if aggregate.starts_with('p') {
             ROUNDS as i64

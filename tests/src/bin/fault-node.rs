@@ -8,7 +8,9 @@
 //!
 //! Settings from the environment: `OUTBOX_TEST_SCHEMA` (the schema in the
 //! test database), `OUTBOX_PG_ADDR` (`host:port` to reach PostgreSQL
-//! through, the suite's proxy), `OUTBOX_NATS_URL`.
+//! through, the suite's proxy), `OUTBOX_NATS_URL`, and for consumers
+//! `OUTBOX_CHAOS` (`<seed>:<duplicates per mille>:<shuffle 0|1>`: a
+//! [`ChaosSource`] around the JetStream source).
 
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::SchemaName;
 use outbox_core::{EmitOptions, Outbox};
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
+use outbox_tests::chaos::{Chaos, ChaosSource};
 use outbox_tests::consumers::tick_handler;
 use outbox_tests::events::{PieceMoved, Ticked};
 use sqlx::PgPool;
@@ -105,8 +108,18 @@ async fn consumer(name: &str, ordering: &str) {
         ..JetStreamSourceConfig::for_consumer(&consumer, nats()).expect("source settings")
     };
     let source = JetStreamSource::connect(config).await.expect("NATS source");
-    let task = consumer.spawn(source);
     println!("consumer {name} started");
+    let task = match Chaos::from_env() {
+        // Each process its own choices, from the suite's seed.
+        Some(chaos) => consumer.spawn(ChaosSource::new(
+            source,
+            Chaos {
+                seed: chaos.seed ^ u64::from(std::process::id()),
+                ..chaos
+            },
+        )),
+        None => consumer.spawn(source),
+    };
     task.join().await.expect("consumer task");
 }
 
