@@ -17,7 +17,7 @@ use std::time::Duration;
 use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Ordering, RetryPolicy};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::SchemaName;
-use outbox_core::{EmitOptions, Outbox};
+use outbox_core::{EmitError, EmitOptions, EmitOutcome, Outbox};
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
 use outbox_tests::chaos::{Chaos, ChaosSource};
 use outbox_tests::consumers::tick_handler;
@@ -128,17 +128,11 @@ async fn consumer(name: &str, ordering: &str) {
 /// by the outbox), and the writer that owns a piece emits its move with
 /// the round as the carried version. Every fifth round's ticks carry an
 /// idempotency key and are sent twice (a client retry). The producer
-/// reaches PostgreSQL directly (not through the suite's proxy): a command
-/// without a key whose commit outcome was lost could not be retried
-/// safely. Prints `produced` at the end.
+/// reaches PostgreSQL directly (not through the suite's proxy), but the
+/// suite restarts the server: each command is retried until it is known
+/// to be committed once (see [`run_once`]). Prints `produced` at the end.
 async fn producer(aggregates: usize, rounds: u64, writers: usize, pause: Duration) {
-    let mut options = outbox_tests::db::test_database_options();
-    options = options.application_name("fault-producer");
-    let pool = PgPoolOptions::new()
-        .max_connections(writers as u32 + 1)
-        .connect_with(options)
-        .await
-        .expect("test database");
+    let pool = pool_direct(writers as u32 + 1).await;
     let outbox = Outbox::new(schema());
     let mut tasks = Vec::new();
     for writer in 0..writers {
@@ -150,31 +144,32 @@ async fn producer(aggregates: usize, rounds: u64, writers: usize, pause: Duratio
                     let key = (round % 5 == 0).then(|| format!("cmd-{writer}-{aggregate}-{round}"));
                     let sends = if key.is_some() { 2 } else { 1 };
                     for _ in 0..sends {
-                        let mut tx = pool.begin().await.expect("begin");
-                        let options = EmitOptions {
-                            idempotency_key: key.clone(),
-                            ..EmitOptions::default()
-                        };
-                        outbox
-                            .emit_with(
-                                &mut tx,
-                                &Ticked::new(format!("c{aggregate}"), round),
-                                options,
-                            )
-                            .await
-                            .expect("emit a tick");
-                        tx.commit().await.expect("commit");
+                        let tick = Ticked::new(format!("c{aggregate}"), round);
+                        let key = key.clone();
+                        run_once(&pool, &outbox, |tx, outbox| {
+                            let (tick, key) = (tick.clone(), key.clone());
+                            Box::pin(async move {
+                                let options = EmitOptions {
+                                    idempotency_key: key,
+                                    ..EmitOptions::default()
+                                };
+                                Ok(match outbox.emit_with(tx, &tick, options).await? {
+                                    EmitOutcome::Emitted(emitted) => Some(emitted.event_id),
+                                    EmitOutcome::Duplicate { .. } => None,
+                                })
+                            })
+                        })
+                        .await;
                     }
                     if aggregate % writers == writer {
-                        let mut tx = pool.begin().await.expect("begin");
-                        outbox
-                            .emit(
-                                &mut tx,
-                                &PieceMoved::new(format!("p{aggregate}"), round as i64),
+                        let moved = PieceMoved::new(format!("p{aggregate}"), round as i64);
+                        run_once(&pool, &outbox, |tx, outbox| {
+                            let moved = moved.clone();
+                            Box::pin(
+                                async move { Ok(Some(outbox.emit(tx, &moved).await?.event_id)) },
                             )
-                            .await
-                            .expect("emit a move");
-                        tx.commit().await.expect("commit");
+                        })
+                        .await;
                     }
                 }
             }
@@ -184,6 +179,70 @@ async fn producer(aggregates: usize, rounds: u64, writers: usize, pause: Duratio
         task.await.expect("writer");
     }
     println!("produced");
+}
+
+type Command<'a> = futures_util::future::BoxFuture<'a, Result<Option<uuid::Uuid>, EmitError>>;
+
+/// Runs one command (a transaction with one emit) until it is known to
+/// have committed exactly once: an error before the commit rolls it back
+/// and it runs again; a commit whose answer was lost (the server went down
+/// meanwhile) is settled by looking the event id up, as a careful client
+/// does, and runs again only when the event is not there.
+async fn run_once<F>(pool: &PgPool, outbox: &Outbox, command: F)
+where
+    F: for<'a> Fn(&'a mut sqlx::PgConnection, &'a Outbox) -> Command<'a>,
+{
+    loop {
+        let mut tx = match pool.begin().await {
+            Ok(tx) => tx,
+            Err(error) => {
+                eprintln!("producer: begin: {error}; again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        let event_id = match command(&mut tx, outbox).await {
+            Ok(id) => id,
+            Err(error) => {
+                eprintln!("producer: emit: {error}; again");
+                drop(tx);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        match tx.commit().await {
+            Ok(()) => return,
+            Err(error) => {
+                eprintln!("producer: commit: {error}; checking whether it committed");
+                let Some(id) = event_id else {
+                    // A repeated keyed command wrote nothing either way.
+                    return;
+                };
+                loop {
+                    let found: Result<bool, _> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                        "SELECT EXISTS (SELECT 1 FROM {}.outbox_events WHERE id = $1)",
+                        outbox.schema().quoted()
+                    )))
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await;
+                    match found {
+                        Ok(true) => return,
+                        Ok(false) => break,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn pool_direct(size: u32) -> PgPool {
+    let options = outbox_tests::db::test_database_options().application_name("fault-producer");
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy_with(options)
 }
 
 #[tokio::main]
