@@ -81,6 +81,14 @@ struct Node {
     child: Child,
 }
 
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A failed run must not leave its processes behind.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 struct Cluster {
     env: Vec<(String, String)>,
     relays: Vec<Node>,
