@@ -13,6 +13,7 @@ pub mod jetstream;
 pub mod metrics;
 pub mod nats;
 pub mod pgcluster;
+pub mod ports;
 pub mod proxy;
 pub mod stats;
 pub mod tansu;

@@ -1,10 +1,9 @@
 //! Private nats-server processes with JetStream, one per test that needs
 //! to stop and restart its broker without disturbing other tests.
 
-use std::net::TcpListener;
+use crate::ports::{free_port, wait_until};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// A nats-server child process with its own port and store directory.
 pub struct NatsServer {
@@ -31,13 +30,6 @@ fn binary() -> PathBuf {
     )
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("no free port")
-}
-
 impl NatsServer {
     /// Starts a server with JetStream on a free port; waits until it accepts.
     pub fn start() -> NatsServer {
@@ -61,15 +53,7 @@ impl NatsServer {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server on {} did not stop",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(self.port, false, "nats-server");
     }
 
     /// Starts the server again on the same port with the same store.
@@ -90,15 +74,7 @@ impl NatsServer {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start nats-server: {e}"));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server on {} did not start",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(self.port, true, "nats-server");
     }
 }
 

@@ -7,7 +7,7 @@
 //! (Debian's layout) or `OUTBOX_PG_BIN`. PostgreSQL refuses to run as
 //! root; as root the cluster runs as the `postgres` user (`runuser`).
 
-use std::net::TcpListener;
+use crate::ports::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -66,10 +66,7 @@ impl PgCluster {
                 .expect("chown");
             assert!(status.success(), "chown of the cluster directory failed");
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("no free port");
+        let port = free_port();
         let cluster = PgCluster {
             bin,
             dir,

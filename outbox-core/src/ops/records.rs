@@ -19,6 +19,19 @@ pub struct Page<T> {
     pub next: Option<i64>,
 }
 
+impl<T> Page<T> {
+    /// A page of a listing asked for `limit` rows: a full page has a next
+    /// one, starting after (or before) its last item's `cursor`.
+    fn of(items: Vec<T>, limit: i64, cursor: impl Fn(&T) -> i64) -> Page<T> {
+        let next = if items.len() as i64 == limit {
+            items.last().map(cursor)
+        } else {
+            None
+        };
+        Page { items, next }
+    }
+}
+
 /// An outbox event's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -273,10 +286,7 @@ impl Ops {
             .map(|row| self.event_record(row))
             .collect::<Result<Vec<_>, _>>()
             .map_err(OpsError::database("reading events"))?;
-        let next = (items.len() as i64 == limit)
-            .then(|| items.last().map(|e| e.seq))
-            .flatten();
-        Ok(Page { items, next })
+        Ok(Page::of(items, limit, |e| e.seq))
     }
 
     /// One event by id.
@@ -342,10 +352,7 @@ impl Ops {
             .map(|row| self.letter_record(row))
             .collect::<Result<Vec<_>, _>>()
             .map_err(OpsError::database("reading letters"))?;
-        let next = (items.len() as i64 == limit)
-            .then(|| items.last().map(|l| l.id))
-            .flatten();
-        Ok(Page { items, next })
+        Ok(Page::of(items, limit, |l| l.id))
     }
 
     /// One letter of a consumer by id.
@@ -411,10 +418,7 @@ impl Ops {
             .map(audit_record)
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(OpsError::database("reading the audit"))?;
-        let next = (items.len() as i64 == limit)
-            .then(|| items.last().map(|a| a.id))
-            .flatten();
-        Ok(Page { items, next })
+        Ok(Page::of(items, limit, |a| a.id))
     }
 
     /// One audit row.

@@ -166,16 +166,7 @@ impl Ops {
     ) -> Result<RepairReport, OpsError> {
         check_ids(ids)?;
         let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(OpsError::database("beginning a repair"))?;
-        let audit_id = self
-            .audit
-            .begin(&mut tx, request, action, "relay", &texts)
-            .await
-            .map_err(OpsError::database("writing the audit row"))?;
+        let (mut tx, audit_id) = self.open_repair(request, action, "relay", &texts).await?;
         let mut query = sqlx::query_scalar::<_, Uuid>(AssertSqlSafe(statement)).bind(ids);
         if let Some(note) = &note {
             query = query.bind(note);
@@ -220,14 +211,7 @@ impl Ops {
                 }
             })
             .collect();
-        self.audit
-            .finish(&mut tx, audit_id, &outcomes_json(&outcomes))
-            .await
-            .map_err(OpsError::database("completing the audit row"))?;
-        tx.commit()
-            .await
-            .map_err(OpsError::database("committing a repair"))?;
-        Ok(RepairReport { audit_id, outcomes })
+        self.close_repair(tx, audit_id, outcomes).await
     }
 
     /// Asks the running consumer to replay open letters of `kind`: they
@@ -281,16 +265,7 @@ impl Ops {
     ) -> Result<RepairReport, OpsError> {
         check_ids(ids)?;
         let texts: Vec<String> = ids.iter().map(i64::to_string).collect();
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(OpsError::database("beginning a repair"))?;
-        let audit_id = self
-            .audit
-            .begin(&mut tx, request, action, consumer, &texts)
-            .await
-            .map_err(OpsError::database("writing the audit row"))?;
+        let (mut tx, audit_id) = self.open_repair(request, action, consumer, &texts).await?;
         let changed: HashSet<i64> = match &discard {
             Some(resolution) => {
                 sqlx::query_scalar::<_, i64>(AssertSqlSafe(self.sql.discard.as_str()))
@@ -372,14 +347,7 @@ impl Ops {
                 }
             })
             .collect();
-        self.audit
-            .finish(&mut tx, audit_id, &outcomes_json(&outcomes))
-            .await
-            .map_err(OpsError::database("completing the audit row"))?;
-        tx.commit()
-            .await
-            .map_err(OpsError::database("committing a repair"))?;
-        Ok(RepairReport { audit_id, outcomes })
+        self.close_repair(tx, audit_id, outcomes).await
     }
 
     /// Deletes published events older than `older_than` (and idempotency
@@ -503,22 +471,14 @@ impl Ops {
         request: &RepairRequest,
     ) -> Result<RepairReport, OpsError> {
         let target = format!("{aggregate_type}/{aggregate_id}@{version}");
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(OpsError::database("beginning a repair"))?;
-        let audit_id = self
-            .audit
-            .begin(
-                &mut tx,
+        let (mut tx, audit_id) = self
+            .open_repair(
                 request,
                 "consumer.pass_version",
                 consumer,
                 std::slice::from_ref(&target),
             )
-            .await
-            .map_err(OpsError::database("writing the audit row"))?;
+            .await?;
         let passed: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.pass_version.as_str()))
             .bind(consumer)
             .bind(aggregate_type)
@@ -556,6 +516,38 @@ impl Ops {
             }
         };
         let outcomes = vec![outcome];
+        self.close_repair(tx, audit_id, outcomes).await
+    }
+
+    /// Opens a repair: its transaction, with the audit row written first.
+    async fn open_repair(
+        &self,
+        request: &RepairRequest,
+        action: &str,
+        target: &str,
+        ids: &[String],
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, i64), OpsError> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(OpsError::database("beginning a repair"))?;
+        let audit_id = self
+            .audit
+            .begin(&mut tx, request, action, target, ids)
+            .await
+            .map_err(OpsError::database("writing the audit row"))?;
+        Ok((tx, audit_id))
+    }
+
+    /// Completes the audit row with what happened to each id and commits
+    /// the repair with it.
+    async fn close_repair(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        audit_id: i64,
+        outcomes: Vec<IdOutcome>,
+    ) -> Result<RepairReport, OpsError> {
         self.audit
             .finish(&mut tx, audit_id, &outcomes_json(&outcomes))
             .await

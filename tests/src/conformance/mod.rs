@@ -95,6 +95,17 @@ fn relay_config() -> RelayConfig {
     }
 }
 
+async fn start_relay<B: Broker>(db: &TestDb, broker: &B, config: RelayConfig) -> Relay {
+    Relay::start_postgres(
+        db.pool.clone(),
+        db.schema.clone(),
+        broker.transport().await,
+        config,
+    )
+    .await
+    .expect("the relay starts")
+}
+
 async fn setup() -> TestDb {
     let db = TestDb::new().await;
     create_effects(&db).await;
@@ -174,14 +185,7 @@ pub async fn awkward_ids_round_trip<B: Broker>(broker: &mut B) {
     let name = unique_name("ids");
     let consumer = tick_consumer(&db, &name, ConsumerConfig::default(), Duration::ZERO, &[]);
     let task = consumer.spawn(broker.source(&consumer).await);
-    let relay = Relay::start_postgres(
-        db.pool.clone(),
-        db.schema.clone(),
-        broker.transport().await,
-        relay_config(),
-    )
-    .await
-    .unwrap();
+    let relay = start_relay(&db, broker, relay_config()).await;
     let ids = awkward_ids();
     let events: Vec<Ticked> = ids.iter().map(|id| Ticked::new(id.clone(), 1)).collect();
     emit(&db, &events).await;
@@ -234,17 +238,15 @@ pub async fn order_per_aggregate_through_the_consumer<B: Broker>(broker: &mut B)
         &[],
     );
     let task = consumer.spawn(broker.source(&consumer).await);
-    let relay = Relay::start_postgres(
-        db.pool.clone(),
-        db.schema.clone(),
-        broker.transport().await,
+    let relay = start_relay(
+        &db,
+        broker,
         RelayConfig {
             batch_size: 37,
             ..relay_config()
         },
     )
-    .await
-    .unwrap();
+    .await;
     for tick in 1..=10 {
         let events: Vec<Ticked> = (0..20)
             .map(|c| Ticked::new(format!("o{c}"), tick))
@@ -348,14 +350,7 @@ pub async fn redelivery_after_a_crash_before_ack_applies_once<B: Broker>(broker:
         inner: broker.source(&consumer).await,
         held: Arc::clone(&held),
     });
-    let relay = Relay::start_postgres(
-        db.pool.clone(),
-        db.schema.clone(),
-        broker.transport().await,
-        relay_config(),
-    )
-    .await
-    .unwrap();
+    let relay = start_relay(&db, broker, relay_config()).await;
     let events: Vec<Ticked> = (0..8).map(|c| Ticked::new(format!("k{c}"), 1)).collect();
     emit(&db, &events).await;
     wait::until(
@@ -414,14 +409,7 @@ pub async fn broker_down_and_back_keeps_events_pending_then_in_order<B: Broker>(
     let name = unique_name("outage");
     let consumer = tick_consumer(&db, &name, ConsumerConfig::default(), Duration::ZERO, &[]);
     let task = consumer.spawn(broker.source(&consumer).await);
-    let relay = Relay::start_postgres(
-        db.pool.clone(),
-        db.schema.clone(),
-        broker.transport().await,
-        relay_config(),
-    )
-    .await
-    .unwrap();
+    let relay = start_relay(&db, broker, relay_config()).await;
     emit(&db, &[Ticked::new("down-0", 1)]).await;
     wait::until(
         "the first event applied",
@@ -483,14 +471,7 @@ pub async fn a_refused_event_fails_alone<B: Broker>(broker: &mut B) {
     let name = unique_name("refused");
     let consumer = tick_consumer(&db, &name, ConsumerConfig::default(), Duration::ZERO, &[]);
     let task = consumer.spawn(broker.source(&consumer).await);
-    let relay = Relay::start_postgres(
-        db.pool.clone(),
-        db.schema.clone(),
-        broker.transport().await,
-        relay_config(),
-    )
-    .await
-    .unwrap();
+    let relay = start_relay(&db, broker, relay_config()).await;
     emit(
         &db,
         &[
