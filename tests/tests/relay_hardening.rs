@@ -470,3 +470,74 @@ async fn the_payload_reaches_the_transport_byte_for_byte_as_serde_wrote_it() {
     assert_eq!(published[0].payload.get(), written);
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_claim_stuck_behind_a_table_lock_times_out_and_the_relay_goes_on_after_it() {
+    let db = TestDb::new().await;
+    emit_ticks(&db.pool, &db.outbox, 1, 20, 20).await;
+    let config = RelayConfig {
+        statement_timeout: Duration::from_millis(300),
+        error_backoff: Duration::from_millis(100),
+        ..fast_config()
+    };
+    // A migration (say) holds the outbox table.
+    let mut locker = db.pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        db.table("outbox_events")
+    )))
+    .execute(&mut *locker)
+    .await
+    .unwrap();
+
+    // A claim fails with PostgreSQL's statement timeout instead of waiting.
+    let lone = store(&db, &config).with_statement_timeout(config.statement_timeout);
+    let error = match tokio::time::timeout(Duration::from_secs(20), lone.claim(100))
+        .await
+        .expect("the claim returns while the table is locked")
+    {
+        Ok(_) => panic!("a claim succeeded behind an exclusive lock"),
+        Err(error) => error,
+    };
+    assert!(
+        format!("{error:?}").contains("statement timeout"),
+        "the error names the timeout: {error:?}"
+    );
+
+    // A relay started meanwhile retries after its backoff and publishes
+    // everything, in order, once the lock is gone.
+    metrics::install();
+    let errors_before = metrics::counter(m::STORE_ERRORS, &[("schema", "locked-claim")]);
+    let transport = RecordingTransport::new();
+    let relay = Relay::start(
+        store(&db, &config).with_statement_timeout(config.statement_timeout),
+        transport.clone(),
+        config,
+        "locked-claim",
+    )
+    .await
+    .unwrap();
+    wait::until(
+        "the relay's claims time out",
+        Duration::from_secs(20),
+        || async {
+            metrics::counter(m::STORE_ERRORS, &[("schema", "locked-claim")]) >= errors_before + 2
+        },
+    )
+    .await;
+    assert!(
+        transport.published().is_empty(),
+        "nothing published behind the lock"
+    );
+    locker.rollback().await.unwrap();
+    wait::until("every event published", Duration::from_secs(20), || async {
+        count(&db, "published").await == 20
+    })
+    .await;
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        versions_by_aggregate(&transport.published())["c0"],
+        (1..=20).collect::<Vec<i64>>()
+    );
+    db.drop_schema().await;
+}

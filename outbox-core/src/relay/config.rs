@@ -109,6 +109,11 @@ pub struct RelayConfig {
     /// it, releasing the rows of a hung relay (default 120 s). Must exceed
     /// `publish_timeout`.
     pub claim_timeout: Duration,
+    /// Upper bound for each statement of a claim transaction (default
+    /// 30 s): a claim that waits on a lock longer (a migration holding the
+    /// outbox table) fails, rolls back and is retried after
+    /// `error_backoff`, so a worker never hangs on the database.
+    pub statement_timeout: Duration,
     /// Delay after a database error before the next claim (default 1 s,
     /// doubled per consecutive error up to 30 s).
     pub error_backoff: Duration,
@@ -129,6 +134,7 @@ impl Default for RelayConfig {
             failed_head_policy: FailedHeadPolicy::Block,
             publish_timeout: Duration::from_secs(30),
             claim_timeout: Duration::from_secs(120),
+            statement_timeout: Duration::from_secs(30),
             error_backoff: Duration::from_secs(1),
             stats_interval: Duration::from_secs(10),
         }
@@ -170,6 +176,12 @@ impl RelayConfig {
                     "{:?} must exceed publish_timeout {:?}, or PostgreSQL kills claims that are still publishing",
                     self.claim_timeout, self.publish_timeout
                 ),
+            ));
+        }
+        if self.statement_timeout.is_zero() {
+            return Err(bad(
+                "relay statement_timeout",
+                "must be above zero (zero turns PostgreSQL's timeout off)".into(),
             ));
         }
         if self.error_backoff.is_zero() {
@@ -214,6 +226,7 @@ mod tests {
         assert!(check(|c| c.poll_interval = Duration::ZERO).contains("busy loop"));
         assert!(check(|c| c.max_attempts = 0).contains("max_attempts"));
         assert!(check(|c| c.claim_timeout = c.publish_timeout).contains("claim_timeout"));
+        assert!(check(|c| c.statement_timeout = Duration::ZERO).contains("statement_timeout"));
         assert!(check(|c| c.backoff.initial = Duration::ZERO).contains("hot retry loop"));
         assert!(check(|c| c.backoff.jitter = 1.5).contains("jitter"));
         RelayConfig::default().validate().unwrap();

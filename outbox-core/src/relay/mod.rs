@@ -63,7 +63,8 @@ impl Relay {
             schema.clone(),
             config.failed_head_policy,
             config.claim_timeout,
-        );
+        )
+        .with_statement_timeout(config.statement_timeout);
         Relay::start(store, transport, config, schema.as_str()).await
     }
 

@@ -10,7 +10,9 @@ mod schema;
 pub(crate) mod sql;
 
 pub use migrate::{MigrateError, migrate, migrations, migrator};
-pub use relay::{ClaimPlan, ClaimVariant, PgClaim, PgRelayStore, PgWakeups};
+pub use relay::{
+    ClaimPlan, ClaimVariant, DEFAULT_STATEMENT_TIMEOUT, PgClaim, PgRelayStore, PgWakeups,
+};
 #[allow(unused_imports)]
 pub(crate) use schema::validate_identifier;
 pub use schema::{ConfigError, SchemaName};

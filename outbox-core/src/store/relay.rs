@@ -35,6 +35,7 @@ pub struct PgRelayStore {
     sql: std::sync::Arc<RelaySql>,
     lock_namespace: i32,
     skip_failed_heads: bool,
+    claim_timeout: Duration,
     begin_claim: String,
     /// Other live workers exist: claim with advisory locks.
     shared: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -64,16 +65,23 @@ impl PgRelayStore {
             // pending rows and reads and sorts all of them instead
             // (measured on 200k fresh rows: 158 ms per claim of 500 with a
             // bitmap scan and a sort, 13 ms with the index in order).
-            begin_claim: format!(
-                "BEGIN; SET LOCAL jit = off; SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; \
-                 SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
-                claim_timeout.as_millis().max(1)
-            ),
+            begin_claim: begin_claim(claim_timeout, DEFAULT_STATEMENT_TIMEOUT),
+            claim_timeout,
             channel: schema.notify_channel(),
             shared: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             schema,
             pool,
         }
+    }
+
+    /// Bounds each statement of a claim transaction (the claim, the
+    /// outcome, the commit) to `timeout` (default 30 s): a claim stuck
+    /// behind a lock (a migration holding the table, say) fails with
+    /// PostgreSQL's statement timeout, rolls back and is retried after the
+    /// relay's error backoff instead of hanging the worker.
+    pub fn with_statement_timeout(mut self, timeout: Duration) -> PgRelayStore {
+        self.begin_claim = begin_claim(self.claim_timeout, timeout);
+        self
     }
 
     fn claim_sql(&self) -> &str {
@@ -191,6 +199,19 @@ impl PgRelayStore {
             .map(|done| done.rows_affected())
             .map_err(StoreError::new("purge idempotency keys"))
     }
+}
+
+/// What [`PgRelayStore::with_statement_timeout`] is when not set.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The statements that open a claim transaction, in one round trip.
+fn begin_claim(claim_timeout: Duration, statement_timeout: Duration) -> String {
+    format!(
+        "BEGIN; SET LOCAL jit = off; SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; \
+         SET LOCAL idle_in_transaction_session_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+        claim_timeout.as_millis().max(1),
+        statement_timeout.as_millis().max(1)
+    )
 }
 
 /// Which claim statement a relay worker runs.
