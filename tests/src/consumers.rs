@@ -13,7 +13,7 @@ use crate::TestDb;
 use crate::events::Ticked;
 
 /// Creates `<schema>.effects (event_id, aggregate_id, aggregate_version,
-/// value, idempotency_key, traceparent, seq)`.
+/// value, idempotency_key, traceparent, seq, applied_at)`.
 pub async fn create_effects(db: &TestDb) {
     db.execute(
         "CREATE TABLE {s}.effects (
@@ -24,7 +24,8 @@ pub async fn create_effects(db: &TestDb) {
             aggregate_version bigint NOT NULL,
             value jsonb NOT NULL,
             idempotency_key uuid NOT NULL,
-            traceparent text
+            traceparent text,
+            applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
         )",
     )
     .await;

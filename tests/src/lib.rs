@@ -9,6 +9,7 @@ pub mod conformance;
 pub mod consumers;
 pub mod db;
 pub mod events;
+pub mod faults;
 pub mod jetstream;
 pub mod metrics;
 pub mod nats;

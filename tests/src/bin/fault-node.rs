@@ -2,9 +2,11 @@
 //! a consumer or a producer, run as its own OS process so the suite can
 //! kill it (SIGKILL), stop it (SIGSTOP) and start it again.
 //!
-//! `fault-node relay` | `fault-node consumer <name> <strict|stale>` |
+//! `fault-node relay [batch]` | `fault-node consumer <name> <strict|stale> [batch]` |
 //! `fault-node producer <aggregates> <rounds> <writers> <pause_ms>` (a pause
-//! before each round spreads the load over the fault window)
+//! before each round spreads the load over the fault window) |
+//! `fault-node stream <aggregates> <events> <events_per_s> <writers> <seed>`
+//! (the soak's load: a steady rate until `events` are committed)
 //!
 //! Settings from the environment: `OUTBOX_TEST_SCHEMA` (the schema in the
 //! test database), `OUTBOX_PG_ADDR` (`host:port` to reach PostgreSQL
@@ -17,7 +19,7 @@ use std::time::Duration;
 use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Ordering, RetryPolicy};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::SchemaName;
-use outbox_core::{EmitError, EmitOptions, EmitOutcome, Outbox};
+use outbox_core::{EmitError, EmitOptions, EmitOutcome, EventDraft, Outbox};
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
 use outbox_tests::chaos::{Chaos, ChaosSource};
 use outbox_tests::consumers::tick_handler;
@@ -56,15 +58,16 @@ fn schema() -> SchemaName {
     SchemaName::new(env("OUTBOX_TEST_SCHEMA")).expect("valid schema")
 }
 
-async fn relay() {
+async fn relay(batch_size: usize) {
     let transport = NatsTransport::connect(nats()).await.expect("NATS settings");
     let config = RelayConfig {
         poll_interval: Duration::from_millis(50),
         publish_timeout: Duration::from_secs(2),
         claim_timeout: Duration::from_secs(3),
+        statement_timeout: outbox_tests::faults::RELAY_STATEMENT_TIMEOUT,
         error_backoff: Duration::from_millis(200),
         stats_interval: Duration::ZERO,
-        batch_size: 50,
+        batch_size,
         ..RelayConfig::default()
     };
     let _relay = Relay::start_postgres(pool(4).await, schema(), transport, config)
@@ -74,7 +77,7 @@ async fn relay() {
     std::future::pending::<()>().await;
 }
 
-async fn consumer(name: &str, ordering: &str) {
+async fn consumer(name: &str, ordering: &str, batch_size: usize) {
     let ordering = match ordering {
         "strict" => Ordering::Strict {
             park_timeout: Duration::from_secs(600),
@@ -88,7 +91,7 @@ async fn consumer(name: &str, ordering: &str) {
     let consumer = ConsumerBuilder::new(name)
         .config(ConsumerConfig {
             ordering,
-            batch_size: 8,
+            batch_size,
             retry: RetryPolicy {
                 max_attempts: 1_000,
                 ..RetryPolicy::default()
@@ -181,6 +184,93 @@ async fn producer(aggregates: usize, rounds: u64, writers: usize, pause: Duratio
     println!("produced");
 }
 
+/// The soak's load: `writers` concurrent writers commit `events` events
+/// in all at `rate` events per second. Most transactions carry 25 events:
+/// ticks of random counters (versions counted by the outbox, counters
+/// shared by all writers) and moves of the writer's own pieces (a quarter
+/// as many pieces as counters, versions carried). Every 20th command is
+/// one tick with an idempotency key, sent twice. Each command commits once
+/// ([`run_once`]).
+async fn stream(aggregates: usize, events: u64, rate: f64, writers: usize, seed: u64) {
+    let pool = pool_direct(writers as u32 + 1).await;
+    let outbox = Outbox::new(schema());
+    let pieces = (aggregates / 4).max(writers);
+    let mut tasks = Vec::new();
+    for writer in 0..writers {
+        let (pool, outbox) = (pool.clone(), outbox.clone());
+        let quota = events / writers as u64 + u64::from(writer == 0) * (events % writers as u64);
+        let per_second = rate / writers as f64;
+        let mut random = outbox_tests::faults::Schedule::new(seed ^ (writer as u64 + 1));
+        tasks.push(tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let own: Vec<usize> = (0..pieces).filter(|p| p % writers == writer).collect();
+            let mut versions = vec![0i64; own.len()];
+            let mut produced = 0u64;
+            let mut command = 0u64;
+            while produced < quota {
+                command += 1;
+                if command % 20 == 0 {
+                    let tick = Ticked::new(format!("c{}", random.below(aggregates as u64)), command);
+                    let key = format!("stream-{seed}-{writer}-{command}");
+                    for _ in 0..2 {
+                        let (tick, key) = (tick.clone(), key.clone());
+                        run_once(&pool, &outbox, move |tx, outbox| {
+                            let (tick, key) = (tick.clone(), key.clone());
+                            Box::pin(async move {
+                                let options = EmitOptions {
+                                    idempotency_key: Some(key),
+                                    ..EmitOptions::default()
+                                };
+                                Ok(match outbox.emit_with(tx, &tick, options).await? {
+                                    EmitOutcome::Emitted(emitted) => Some(emitted.event_id),
+                                    EmitOutcome::Duplicate { .. } => None,
+                                })
+                            })
+                        })
+                        .await;
+                    }
+                    produced += 1;
+                } else {
+                    let size = (quota - produced).min(25);
+                    let mut next = versions.clone();
+                    let mut drafts = Vec::with_capacity(size as usize);
+                    for _ in 0..size {
+                        let draft = if random.below(5) == 0 {
+                            let i = random.below(own.len() as u64) as usize;
+                            next[i] += 1;
+                            EventDraft::new(&PieceMoved::new(format!("p{}", own[i]), next[i]))
+                        } else {
+                            EventDraft::new(&Ticked::new(
+                                format!("c{}", random.below(aggregates as u64)),
+                                command,
+                            ))
+                        };
+                        drafts.push(draft.expect("serializable"));
+                    }
+                    run_once(&pool, &outbox, |tx, outbox| {
+                        let drafts = drafts.clone();
+                        Box::pin(async move {
+                            let emitted = outbox.emit_drafts(tx, drafts).await?;
+                            Ok(emitted.first().map(|e| e.event_id))
+                        })
+                    })
+                    .await;
+                    versions = next;
+                    produced += size;
+                }
+                let due = Duration::from_secs_f64(produced as f64 / per_second);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("writer");
+    }
+    println!("produced");
+}
+
 type Command<'a> = futures_util::future::BoxFuture<'a, Result<Option<uuid::Uuid>, EmitError>>;
 
 /// Runs one command (a transaction with one emit) until it is known to
@@ -261,8 +351,22 @@ async fn main() {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["relay"] => relay().await,
-        ["consumer", name, ordering] => consumer(name, ordering).await,
+        ["relay"] => relay(50).await,
+        ["relay", batch] => relay(batch.parse().expect("batch")).await,
+        ["consumer", name, ordering] => consumer(name, ordering, 8).await,
+        ["consumer", name, ordering, batch] => {
+            consumer(name, ordering, batch.parse().expect("batch")).await
+        }
+        ["stream", aggregates, events, rate, writers, seed] => {
+            stream(
+                aggregates.parse().expect("aggregates"),
+                events.parse().expect("events"),
+                rate.parse().expect("events_per_s"),
+                writers.parse().expect("writers"),
+                seed.parse().expect("seed"),
+            )
+            .await
+        }
         ["producer", aggregates, rounds, writers, pause_ms] => {
             producer(
                 aggregates.parse().expect("aggregates"),
@@ -273,7 +377,7 @@ async fn main() {
             .await
         }
         _ => panic!(
-            "usage: fault-node relay | consumer <name> <strict|stale> | producer <aggregates> <rounds> <writers> <pause_ms>"
+            "usage: fault-node relay [batch] | consumer <name> <strict|stale> [batch] | producer <aggregates> <rounds> <writers> <pause_ms> | stream <aggregates> <events> <events_per_s> <writers> <seed>"
         ),
     }
 }
