@@ -243,6 +243,28 @@ fn request(who: &Who) -> Result<RepairRequest, String> {
         .map_err(|e| format!("{e} (use --reason \"…\" and, without an OS user, --operator NAME)"))
 }
 
+/// Partitions as ranges (`: 0-3, 8, 10-12`), or nothing when there are none.
+fn ranges(partitions: &[i32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut iter = partitions.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end = iter.next().unwrap_or(end);
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join(", "))
+    }
+}
+
 async fn status(ops: &Ops, out: &Output, check: bool, options: &StatusOptions) -> Outcome {
     let status = ops.status(options).await.map_err(ops_error)?;
     if out.json {
@@ -288,6 +310,27 @@ async fn status(ops: &Ops, out: &Output, check: bool, options: &StatusOptions) -
         if !status.blocked.is_empty() {
             println!();
             print!("{}", blocked_table(&status.blocked).render());
+        }
+        if !status.relay_workers.is_empty() {
+            let mut table = Table::new(&["RELAY WORKER", "HEARTBEAT", "SESSION", "PARTITIONS"]);
+            for w in &status.relay_workers {
+                table.row(vec![
+                    w.worker.to_string(),
+                    when(&w.heartbeat_at),
+                    match (w.backend_pid, w.connected) {
+                        (Some(pid), true) => format!("pid {pid}"),
+                        (Some(pid), false) => format!("pid {pid} (gone)"),
+                        (None, _) => "none".to_owned(),
+                    },
+                    format!(
+                        "{} of {}{}",
+                        w.partitions.len(),
+                        status.partitions,
+                        ranges(&w.partitions)
+                    ),
+                ]);
+            }
+            print!("\n{}", table.render());
         }
         if !status.consumers.is_empty() {
             let mut table = Table::new(&[

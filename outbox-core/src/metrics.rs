@@ -35,6 +35,13 @@ pub const BATCH_EVENTS: &str = "outbox_relay_batch_events";
 pub const TRANSPORT_UP: &str = "outbox_relay_transport_up";
 /// Claims or completions that failed on the database (counter, label `schema`).
 pub const STORE_ERRORS: &str = "outbox_relay_store_errors_total";
+/// Partitions a relay worker owns now (gauge, labels `schema`, `worker`).
+/// Summed over the workers it is the partition count once ownership has
+/// settled; a worker with none is waiting for its share.
+pub const RELAY_PARTITIONS_OWNED: &str = "outbox_relay_partitions_owned";
+/// Rebalances: a worker took or gave up partitions because the live
+/// workers changed (counter, label `schema`).
+pub const RELAY_REBALANCES: &str = "outbox_relay_rebalances_total";
 /// Published rows deleted by retention (counter, label `schema`).
 pub const RETENTION_DELETED: &str = "outbox_retention_deleted_total";
 /// Idempotency keys deleted by retention (counter, label `schema`).
@@ -119,6 +126,7 @@ pub fn register_relay(schema: &str, transport: &'static str) {
         .increment(0);
     metrics::counter!(PUBLISHED, "schema" => schema.clone(), "transport" => transport).increment(0);
     metrics::counter!(MOVED_TO_FAILED, "schema" => schema.clone()).increment(0);
+    metrics::counter!(RELAY_REBALANCES, "schema" => schema.clone()).increment(0);
     metrics::counter!(STORE_ERRORS, "schema" => schema).increment(0);
 }
 
@@ -247,6 +255,16 @@ pub const ALL: &[MetricDef] = {
             STORE_ERRORS,
             Counter,
             "Relay claims or completions that failed on the database.",
+        ),
+        def(
+            RELAY_PARTITIONS_OWNED,
+            Gauge,
+            "Partitions a relay worker owns now.",
+        ),
+        def(
+            RELAY_REBALANCES,
+            Counter,
+            "Times a relay worker took or gave up partitions.",
         ),
         def(
             RETENTION_DELETED,

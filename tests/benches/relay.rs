@@ -3,7 +3,10 @@
 //! 1. drain: the relay (per-aggregate order kept, no-op transport) against
 //!    raw SQL claim+mark (`UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP
 //!    LOCKED LIMIT n) RETURNING …`, no order) on the same backlog shape
-//!    (1,000 aggregates), same batch size and worker count;
+//!    (1,000 aggregates), same batch size (100 and 1,000) and as many
+//!    clients as workers (1, 2, 4 workers in one relay, and two relays of
+//!    two workers, each with its own pool and sessions as two processes
+//!    would have);
 //! 2. transports: the relay publishing the same 100k backlog to NATS
 //!    JetStream, Kafka (librdkafka's mock cluster) and RabbitMQ, side by
 //!    side;
@@ -41,7 +44,9 @@ struct Scale {
     backlog: i64,
     jetstream_backlog: i64,
     latency_seconds: u64,
-    worker_counts: Vec<usize>,
+    /// (relay instances, workers each).
+    worker_counts: Vec<(usize, usize)>,
+    batch_sizes: Vec<usize>,
     rounds: usize,
 }
 
@@ -98,7 +103,15 @@ async fn raw_drain(db: &Arc<TestDb>, workers: usize, batch: i64, total: i64) -> 
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-async fn relay_drain(db: &Arc<TestDb>, workers: usize, batch: usize, total: i64) -> f64 {
+/// Drains with `instances` relays (each its own pool and sessions, as
+/// separate processes would have) of `workers` workers each.
+async fn relay_drain(
+    db: &Arc<TestDb>,
+    instances: usize,
+    workers: usize,
+    batch: usize,
+    total: i64,
+) -> f64 {
     let config = RelayConfig {
         batch_size: batch,
         workers,
@@ -107,21 +120,34 @@ async fn relay_drain(db: &Arc<TestDb>, workers: usize, batch: usize, total: i64)
         ..RelayConfig::default()
     };
     let transport = DiscardTransport::default();
-    let store = PgRelayStore::new(
-        db.pool.clone(),
-        db.schema.clone(),
-        config.failed_head_policy,
-        config.claim_timeout,
-    );
     let started = Instant::now();
-    let relay = Relay::start(store, transport.clone(), config, "bench")
-        .await
-        .unwrap();
+    let mut relays = Vec::new();
+    for _ in 0..instances {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(workers as u32 + 2)
+            .connect_with(db.pool.connect_options().as_ref().clone())
+            .await
+            .unwrap();
+        let store = PgRelayStore::new(
+            pool,
+            db.schema.clone(),
+            config.failed_head_policy,
+            config.claim_timeout,
+        )
+        .with_partitioning(config.lease, config.rebalance_interval);
+        relays.push(
+            Relay::start(store, transport.clone(), config.clone(), "bench")
+                .await
+                .unwrap(),
+        );
+    }
     while (transport.count() as i64) < total {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let rate = total as f64 / started.elapsed().as_secs_f64();
-    relay.drain(Duration::from_secs(10)).await.unwrap();
+    for relay in relays {
+        relay.drain(Duration::from_secs(10)).await.unwrap();
+    }
     rate
 }
 
@@ -164,35 +190,64 @@ async fn raw_claim_ms(db: &TestDb, samples: usize) -> f64 {
 
 async fn bench_drain(scale: &Scale) {
     println!(
-        "\n== drain {} events on {AGGREGATES} aggregates, batch 1000 (events/s)",
+        "\n== drain {} events on {AGGREGATES} aggregates (events/s), relay vs raw SQL with as many clients",
         scale.backlog
     );
-    for &workers in &scale.worker_counts {
-        let mut ratios = Vec::new();
-        for round in 0..scale.rounds {
-            let raw_db = Arc::new(TestDb::with_pool_size(workers as u32 + 2).await);
-            fill(&raw_db, scale.backlog, 1).await;
-            let raw = raw_drain(&raw_db, workers, 1000, scale.backlog).await;
-            let relay_db = Arc::new(TestDb::with_pool_size(workers as u32 + 4).await);
-            fill(&relay_db, scale.backlog, 1).await;
-            let relay = relay_drain(&relay_db, workers, 1000, scale.backlog).await;
-            println!(
-                "  workers {workers} round {round}: raw SQL {raw:.0}, relay {relay:.0}, relay/raw {:.3}",
-                relay / raw
-            );
-            ratios.push(relay / raw);
-            if let Ok(db) = Arc::try_unwrap(raw_db) {
-                db.drop_schema().await;
+    let mut summary = Vec::new();
+    for &batch in &scale.batch_sizes {
+        for &(instances, workers) in &scale.worker_counts {
+            let clients = instances * workers;
+            let mut ratios = Vec::new();
+            let mut rates = Vec::new();
+            for round in 0..scale.rounds {
+                let raw_db = Arc::new(TestDb::with_pool_size(clients as u32 + 2).await);
+                fill(&raw_db, scale.backlog, 1).await;
+                let raw = raw_drain(&raw_db, clients, batch as i64, scale.backlog).await;
+                let relay_db = Arc::new(TestDb::with_pool_size(2).await);
+                fill(&relay_db, scale.backlog, 1).await;
+                let relay = relay_drain(&relay_db, instances, workers, batch, scale.backlog).await;
+                println!(
+                    "  batch {batch} {instances}×{workers} round {round}: raw SQL {raw:.0}, relay {relay:.0}, relay/raw {:.3}",
+                    relay / raw
+                );
+                ratios.push(relay / raw);
+                rates.push((raw, relay));
+                if let Ok(db) = Arc::try_unwrap(raw_db) {
+                    db.drop_schema().await;
+                }
+                if let Ok(db) = Arc::try_unwrap(relay_db) {
+                    db.drop_schema().await;
+                }
             }
-            if let Ok(db) = Arc::try_unwrap(relay_db) {
-                db.drop_schema().await;
-            }
+            let min = ratios.iter().cloned().fold(f64::MAX, f64::min);
+            let max = ratios.iter().cloned().fold(f64::MIN, f64::max);
+            let mut raws: Vec<f64> = rates.iter().map(|r| r.0).collect();
+            let mut relays: Vec<f64> = rates.iter().map(|r| r.1).collect();
+            summary.push((
+                batch,
+                instances,
+                workers,
+                median(&mut raws),
+                median(&mut relays),
+                median(&mut ratios),
+                min,
+                max,
+            ));
         }
-        let min = ratios.iter().cloned().fold(f64::MAX, f64::min);
-        let max = ratios.iter().cloned().fold(f64::MIN, f64::max);
+    }
+    println!(
+        "\n  | batch | relays × workers | raw SQL | relay | relay/raw (min–max) | relay vs 1 worker |"
+    );
+    println!("  |---|---|---|---|---|---|");
+    for (batch, instances, workers, raw, relay, ratio, min, max) in &summary {
+        let one = summary
+            .iter()
+            .find(|s| s.0 == *batch && s.1 * s.2 == 1)
+            .map(|s| s.4)
+            .unwrap_or(*relay);
         println!(
-            "  workers {workers}: relay/raw median {:.3} (min {min:.3}, max {max:.3})",
-            median(&mut ratios)
+            "  | {batch} | {instances} × {workers} | {raw:.0} | {relay:.0} | {ratio:.3} ({min:.3}–{max:.3}) | {:.2}× |",
+            relay / one
         );
     }
 }
@@ -503,7 +558,8 @@ async fn main() {
             backlog: 1_000_000,
             jetstream_backlog: 100_000,
             latency_seconds: 20,
-            worker_counts: vec![1, 4],
+            worker_counts: vec![(1, 1), (1, 2), (1, 4), (2, 2)],
+            batch_sizes: vec![100, 1000],
             rounds: 2,
         }
     } else {
@@ -511,7 +567,8 @@ async fn main() {
             backlog: 5_000,
             jetstream_backlog: 2_000,
             latency_seconds: 1,
-            worker_counts: vec![1],
+            worker_counts: vec![(1, 1), (2, 2)],
+            batch_sizes: vec![1000],
             rounds: 1,
         }
     };

@@ -499,7 +499,7 @@ async fn migrations_run_twice_and_concurrently() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(tables, 13, "the 12 outbox tables plus outbox_migrations");
+    assert_eq!(tables, 14, "the 13 outbox tables plus outbox_migrations");
     let applied: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT count(*) FROM {}.outbox_migrations",
         schema.quoted()

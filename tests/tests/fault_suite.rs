@@ -86,7 +86,11 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
             panic!("{problem}");
         }
     }
-    println!("{} faults injected in {:.0} s", injected.len(), rig.elapsed());
+    println!(
+        "{} faults injected in {:.0} s",
+        injected.len(),
+        rig.elapsed()
+    );
 
     let produced = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
@@ -102,7 +106,13 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
 
     let ticks = (WRITERS as u64 * ROUNDS * AGGREGATES as u64) as i64;
     let moves = (ROUNDS * AGGREGATES as u64) as i64;
-    if let Err(problem) = invariants::settle(&rig.db, Duration::from_secs(240)).await {
+    if let Err(problem) = invariants::settle(
+        &rig.db,
+        Duration::from_secs(240),
+        Duration::from_millis(500),
+    )
+    .await
+    {
         panic!("seed {seed}: the system did not settle: {problem}");
     }
     let checks = invariants::check(

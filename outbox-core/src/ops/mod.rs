@@ -49,7 +49,10 @@ pub use records::{
 };
 pub use redaction::Redaction;
 pub use repair::{CleanupReport, IdOutcome, RepairReport};
-pub use status::{Backlog, BlockedRecord, ConsumerStatus, EventTypeBacklog, Status, StatusOptions};
+pub use status::{
+    Backlog, BlockedRecord, ConsumerStatus, EventTypeBacklog, RelayWorkerStatus, Status,
+    StatusOptions,
+};
 
 use crate::audit::RepairError;
 use crate::store::SchemaName;

@@ -117,6 +117,25 @@ pub struct ConsumerStatus {
     pub stats_at: Option<DateTime<Utc>>,
 }
 
+/// One relay worker as its membership row shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RelayWorkerStatus {
+    /// The worker's id.
+    pub worker: Uuid,
+    /// Its last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// Whether it sleeps waiting for a NOTIFY.
+    pub waiting: bool,
+    /// The backend pid of its claiming connection (none before its first
+    /// claim).
+    pub backend_pid: Option<i32>,
+    /// Whether that connection still exists: a worker whose session ended
+    /// owns nothing (its row stays until its heartbeat is older than the lease).
+    pub connected: bool,
+    /// The partitions it owned at its last rebalance, ascending.
+    pub partitions: Vec<i32>,
+}
+
 /// The outbox at a glance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Status {
@@ -130,6 +149,10 @@ pub struct Status {
     pub blocked: Vec<BlockedRecord>,
     /// Every consumer with flushed stats, parked messages or open letters.
     pub consumers: Vec<ConsumerStatus>,
+    /// The relay workers and the partitions each owns.
+    pub relay_workers: Vec<RelayWorkerStatus>,
+    /// The partition count fixed at migration.
+    pub partitions: i32,
     /// What needs an operator, one line each (empty: healthy).
     pub problems: Vec<String>,
 }
@@ -203,6 +226,30 @@ impl Ops {
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(OpsError::database("reading consumers"))?;
+        let rows = sqlx::query(AssertSqlSafe(self.sql.relay_workers.as_str()))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(OpsError::database("reading relay workers"))?;
+        let partitions = match rows.first() {
+            Some(row) => row
+                .try_get("partition_count")
+                .map_err(OpsError::database("reading relay workers"))?,
+            None => 256,
+        };
+        let relay_workers = rows
+            .iter()
+            .map(|row| {
+                Ok(RelayWorkerStatus {
+                    worker: row.try_get("relay_id")?,
+                    heartbeat_at: row.try_get("heartbeat_at")?,
+                    waiting: row.try_get("waiting")?,
+                    backend_pid: row.try_get("backend_pid")?,
+                    connected: row.try_get("connected")?,
+                    partitions: row.try_get("partitions")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(OpsError::database("reading relay workers"))?;
         let problems = problems(&backlog, &blocked, &consumers, options);
         Ok(Status {
             schema: self.schema.to_string(),
@@ -210,6 +257,8 @@ impl Ops {
             event_types,
             blocked,
             consumers,
+            relay_workers,
+            partitions,
             problems,
         })
     }

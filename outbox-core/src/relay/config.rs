@@ -114,6 +114,16 @@ pub struct RelayConfig {
     /// outbox table) fails, rolls back and is retried after
     /// `error_backoff`, so a worker never hangs on the database.
     pub statement_timeout: Duration,
+    /// Partition ownership: a worker whose claiming session stays idle
+    /// between claims this long (stalled, say) is cut off by PostgreSQL
+    /// (`idle_session_timeout`) and its partitions go to the others; a
+    /// member whose heartbeat is older counts as gone (default 10 s). Must
+    /// exceed twice `poll_interval`. A crashed worker's session ends at
+    /// once and its partitions move within `rebalance_interval`.
+    pub lease: Duration,
+    /// How often each worker looks at the live workers and takes or gives
+    /// up partitions (default 1 s).
+    pub rebalance_interval: Duration,
     /// Delay after a database error before the next claim (default 1 s,
     /// doubled per consecutive error up to 30 s).
     pub error_backoff: Duration,
@@ -135,6 +145,8 @@ impl Default for RelayConfig {
             publish_timeout: Duration::from_secs(30),
             claim_timeout: Duration::from_secs(120),
             statement_timeout: Duration::from_secs(30),
+            lease: Duration::from_secs(10),
+            rebalance_interval: Duration::from_secs(1),
             error_backoff: Duration::from_secs(1),
             stats_interval: Duration::from_secs(10),
         }
@@ -184,6 +196,24 @@ impl RelayConfig {
                 "must be above zero (zero turns PostgreSQL's timeout off)".into(),
             ));
         }
+        if self.lease < Duration::from_secs(1) || self.lease <= self.poll_interval * 2 {
+            return Err(bad(
+                "relay lease",
+                format!(
+                    "{:?} must be at least 1 s and exceed twice poll_interval {:?}, or idle workers lose their partitions",
+                    self.lease, self.poll_interval
+                ),
+            ));
+        }
+        if self.rebalance_interval.is_zero() || self.rebalance_interval >= self.lease {
+            return Err(bad(
+                "relay rebalance_interval",
+                format!(
+                    "{:?} must be above zero and below the lease {:?}",
+                    self.rebalance_interval, self.lease
+                ),
+            ));
+        }
         if self.error_backoff.is_zero() {
             return Err(bad("relay error_backoff", "must be above zero".into()));
         }
@@ -227,6 +257,8 @@ mod tests {
         assert!(check(|c| c.max_attempts = 0).contains("max_attempts"));
         assert!(check(|c| c.claim_timeout = c.publish_timeout).contains("claim_timeout"));
         assert!(check(|c| c.statement_timeout = Duration::ZERO).contains("statement_timeout"));
+        assert!(check(|c| c.lease = c.poll_interval).contains("lease"));
+        assert!(check(|c| c.rebalance_interval = c.lease).contains("rebalance_interval"));
         assert!(check(|c| c.backoff.initial = Duration::ZERO).contains("hot retry loop"));
         assert!(check(|c| c.backoff.jitter = 1.5).contains("jitter"));
         RelayConfig::default().validate().unwrap();

@@ -64,7 +64,8 @@ impl Relay {
             config.failed_head_policy,
             config.claim_timeout,
         )
-        .with_statement_timeout(config.statement_timeout);
+        .with_statement_timeout(config.statement_timeout)
+        .with_partitioning(config.lease, config.rebalance_interval);
         Relay::start(store, transport, config, schema.as_str()).await
     }
 

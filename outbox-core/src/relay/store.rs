@@ -166,6 +166,19 @@ pub trait RelayStore: Send + Sync + 'static {
     /// aggregate another worker holds.
     fn claim(&self, limit: usize) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send;
 
+    /// Claims for the worker `worker_id` (the id it heartbeats with). A
+    /// store that divides the work among workers (the PostgreSQL store:
+    /// partitions owned per worker) overrides it; by default it claims
+    /// like [`RelayStore::claim`]. The relay's workers call this one.
+    fn claim_for(
+        &self,
+        worker_id: Uuid,
+        limit: usize,
+    ) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send {
+        let _ = worker_id;
+        self.claim(limit)
+    }
+
     /// Records that this worker is alive and whether it sleeps waiting for
     /// a NOTIFY (emitters notify only while someone waits). Called at start,
     /// on every change, and at least every few seconds while running.

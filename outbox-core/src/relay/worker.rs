@@ -73,7 +73,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
         notified.as_mut().enable();
 
         let claim_started = Instant::now();
-        let batch = match shared.store.claim(config.batch_size).await {
+        let batch = match shared.store.claim_for(worker_id, config.batch_size).await {
             Ok(batch) => {
                 consecutive_errors = 0;
                 batch
@@ -175,6 +175,13 @@ async fn process<S: RelayStore, T: Transport>(
     let _guard = span.enter();
 
     for wave in &plan.waves {
+        // Past the deadline the claim may be gone (the server ends it
+        // after the claim timeout, and another worker may own its
+        // partitions by then): a worker that was stalled sends nothing
+        // more; the rest of the batch is left unattempted.
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
         let indices: Vec<usize> = wave
             .iter()
             .copied()

@@ -36,6 +36,13 @@ pub fn migrations() -> Vec<Migration> {
             SqlStr::from_static(include_str!("../../migrations/0003_operations.sql")),
             false,
         ),
+        Migration::new(
+            4,
+            "partitions: relay workers divide the aggregates".into(),
+            MigrationType::Simple,
+            SqlStr::from_static(include_str!("../../migrations/0004_partitions.sql")),
+            false,
+        ),
     ]
 }
 

@@ -7,11 +7,13 @@ mod migrate;
 pub(crate) mod ops;
 mod relay;
 mod schema;
+mod session;
 pub(crate) mod sql;
 
 pub use migrate::{MigrateError, migrate, migrations, migrator};
 pub use relay::{
-    ClaimPlan, ClaimVariant, DEFAULT_STATEMENT_TIMEOUT, PgClaim, PgRelayStore, PgWakeups,
+    ClaimPlan, ClaimVariant, DEFAULT_LEASE, DEFAULT_REBALANCE_INTERVAL, DEFAULT_STATEMENT_TIMEOUT,
+    PgClaim, PgRelayStore, PgWakeups,
 };
 #[allow(unused_imports)]
 pub(crate) use schema::validate_identifier;

@@ -12,6 +12,9 @@ pub(crate) struct OpsSql {
     pub(crate) per_event_type: String,
     /// Dead and live tuples. Binds: regclass text.
     pub(crate) tuples: String,
+    /// Relay workers: heartbeat, session, owned partitions; and the
+    /// partition count. No binds.
+    pub(crate) relay_workers: String,
     /// Consumers known from their stats, parked messages and open
     /// letters, with their counts.
     pub(crate) consumers: String,
@@ -88,6 +91,13 @@ impl OpsSql {
             tuples: "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
                             coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)"
                 .to_owned(),
+            relay_workers: format!(
+                "SELECT relay_id, heartbeat_at, waiting, backend_pid,
+                        backend_pid IS NOT NULL AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = backend_pid) AS connected,
+                        partitions::int4[] AS partitions,
+                        (SELECT partitions FROM {s}.outbox_partitioning) AS partition_count
+                 FROM {s}.outbox_relay_listeners ORDER BY relay_id"
+            ),
             consumers: format!(
                 "WITH names AS (
                     SELECT consumer_name FROM {s}.outbox_consumer_stats

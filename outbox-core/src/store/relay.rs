@@ -19,6 +19,7 @@ use sqlx::{AssertSqlSafe, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::SchemaName;
+use super::session::{SessionSettings, WorkerSession};
 use super::sql::RelaySql;
 use crate::envelope::Envelope;
 use crate::relay::config::FailedHeadPolicy;
@@ -40,6 +41,14 @@ pub struct PgRelayStore {
     /// Other live workers exist: claim with advisory locks.
     shared: std::sync::Arc<std::sync::atomic::AtomicBool>,
     channel: String,
+    statement_timeout: Duration,
+    session_settings: SessionSettings,
+    /// Each worker's claiming session, by worker id.
+    sessions: std::sync::Arc<
+        std::sync::Mutex<HashMap<Uuid, std::sync::Arc<tokio::sync::Mutex<WorkerSession>>>>,
+    >,
+    /// The partition count fixed at migration, read once.
+    partitions: std::sync::Arc<tokio::sync::OnceCell<i16>>,
 }
 
 impl PgRelayStore {
@@ -67,6 +76,20 @@ impl PgRelayStore {
             // bitmap scan and a sort, 13 ms with the index in order).
             begin_claim: begin_claim(claim_timeout, DEFAULT_STATEMENT_TIMEOUT),
             claim_timeout,
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            session_settings: SessionSettings {
+                setup: SessionSettings::setup_sql(
+                    claim_timeout,
+                    DEFAULT_STATEMENT_TIMEOUT,
+                    DEFAULT_LEASE,
+                ),
+                lease: DEFAULT_LEASE,
+                rebalance_interval: DEFAULT_REBALANCE_INTERVAL,
+                namespace: lock_namespace(&schema) ^ 0x5EED_0F0B,
+                label: schema.as_str().to_owned(),
+            },
+            sessions: Default::default(),
+            partitions: Default::default(),
             channel: schema.notify_channel(),
             shared: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             schema,
@@ -81,7 +104,136 @@ impl PgRelayStore {
     /// relay's error backoff instead of hanging the worker.
     pub fn with_statement_timeout(mut self, timeout: Duration) -> PgRelayStore {
         self.begin_claim = begin_claim(self.claim_timeout, timeout);
+        self.statement_timeout = timeout;
+        self.session_settings.setup =
+            SessionSettings::setup_sql(self.claim_timeout, timeout, self.session_settings.lease);
         self
+    }
+
+    /// Sets how the relay's workers divide the partitions (see
+    /// [`RelayConfig::lease`](crate::relay::RelayConfig::lease)): a member
+    /// whose heartbeat is older than `lease`, or whose claiming session
+    /// was idle between claims for that long, is gone; each worker looks
+    /// at the membership every `rebalance_interval`. Defaults: 10 s, 1 s.
+    pub fn with_partitioning(
+        mut self,
+        lease: Duration,
+        rebalance_interval: Duration,
+    ) -> PgRelayStore {
+        self.session_settings.lease = lease;
+        self.session_settings.rebalance_interval = rebalance_interval;
+        self.session_settings.setup =
+            SessionSettings::setup_sql(self.claim_timeout, self.statement_timeout, lease);
+        self
+    }
+
+    /// The metrics label of this store's schema (default: the schema name).
+    pub fn with_label(mut self, label: impl Into<String>) -> PgRelayStore {
+        self.session_settings.label = label.into();
+        self
+    }
+
+    /// The partitions the worker `worker_id` of this process owns now
+    /// (empty before its first claim).
+    pub async fn owned_partitions(&self, worker_id: Uuid) -> Vec<i16> {
+        let session = self
+            .sessions
+            .lock()
+            .expect("sessions")
+            .get(&worker_id)
+            .cloned();
+        match session {
+            Some(session) => session.lock().await.owned.clone(),
+            None => Vec::new(),
+        }
+    }
+
+    fn session(&self, worker_id: Uuid) -> std::sync::Arc<tokio::sync::Mutex<WorkerSession>> {
+        std::sync::Arc::clone(
+            self.sessions
+                .lock()
+                .expect("sessions")
+                .entry(worker_id)
+                .or_default(),
+        )
+    }
+
+    async fn partition_count(&self) -> Result<i16, StoreError> {
+        self.partitions
+            .get_or_try_init(|| async {
+                let count: i32 = sqlx::query_scalar(AssertSqlSafe(self.sql.partitions.as_str()))
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(StoreError::new("read the partition count"))?;
+                Ok(count.clamp(1, i16::MAX as i32) as i16)
+            })
+            .await
+            .copied()
+    }
+
+    /// A claim for one worker on its own session: only from the
+    /// partitions it owns (all of them: the lone worker's claim).
+    async fn claim_owned(&self, worker_id: Uuid, limit: usize) -> Result<PgClaim, StoreError> {
+        let partitions = self.partition_count().await?;
+        let mut session = self.session(worker_id).lock_owned().await;
+        session
+            .prepare(
+                &self.pool,
+                &self.sql,
+                &self.session_settings,
+                partitions,
+                worker_id,
+            )
+            .await?;
+        if session.owned.is_empty() {
+            return Ok(PgClaim {
+                tx: ClaimTx::Idle,
+                events: Vec::new(),
+                sql: std::sync::Arc::clone(&self.sql),
+                skip_failed_heads: self.skip_failed_heads,
+            });
+        }
+        let mut conn = session.conn.take().expect("prepared connection");
+        let all = session.owned.len() == partitions as usize;
+        let result = async {
+            sqlx::raw_sql("BEGIN")
+                .execute(&mut conn)
+                .await
+                .map_err(StoreError::new("begin claim"))?;
+            let claim = if all {
+                sqlx::query(AssertSqlSafe(self.sql.claim_alone.as_str())).bind(self.lock_namespace)
+            } else {
+                sqlx::query(AssertSqlSafe(self.sql.claim_owned.as_str())).bind(&session.owned)
+            };
+            claim
+                .bind(limit as i64)
+                .bind(self.skip_failed_heads)
+                .fetch_all(&mut conn)
+                .await
+                .map_err(StoreError::new("claim"))
+        }
+        .await;
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(error) => {
+                // The connection goes with its locks and its transaction.
+                session.lose(&self.session_settings, worker_id);
+                return Err(error);
+            }
+        };
+        let events = match decode_sorted(&rows) {
+            Ok(events) => events,
+            Err(error) => {
+                session.lose(&self.session_settings, worker_id);
+                return Err(error);
+            }
+        };
+        Ok(PgClaim {
+            tx: ClaimTx::Session { conn, session },
+            events,
+            sql: std::sync::Arc::clone(&self.sql),
+            skip_failed_heads: self.skip_failed_heads,
+        })
     }
 
     fn claim_sql(&self) -> &str {
@@ -204,6 +356,12 @@ impl PgRelayStore {
 /// What [`PgRelayStore::with_statement_timeout`] is when not set.
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The lease when [`PgRelayStore::with_partitioning`] is not called.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// The rebalance interval when [`PgRelayStore::with_partitioning`] is not called.
+pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The statements that open a claim transaction, in one round trip.
 fn begin_claim(claim_timeout: Duration, statement_timeout: Duration) -> String {
     format!(
@@ -314,10 +472,23 @@ fn lock_namespace(schema: &SchemaName) -> i32 {
 
 /// A claim: the open transaction and the events it locked.
 pub struct PgClaim {
-    transaction: Transaction<'static, Postgres>,
+    tx: ClaimTx,
     events: Vec<ClaimedEvent>,
     sql: std::sync::Arc<RelaySql>,
     skip_failed_heads: bool,
+}
+
+/// Where a claim's transaction runs.
+enum ClaimTx {
+    /// On a pooled connection ([`RelayStore::claim`]).
+    Pooled(Transaction<'static, Postgres>),
+    /// On a worker's session; the connection goes back to it at the end.
+    Session {
+        conn: sqlx::PgConnection,
+        session: tokio::sync::OwnedMutexGuard<WorkerSession>,
+    },
+    /// Nothing claimed, no transaction (a worker that owns no partition).
+    Idle,
 }
 
 impl ClaimedBatch for PgClaim {
@@ -356,7 +527,7 @@ impl ClaimedBatch for PgClaim {
                 .iter()
                 .map(|f| previous.get(&f.event_id).copied().unwrap_or(0))
                 .collect();
-            sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
+            let query = sqlx::query(AssertSqlSafe(self.sql.complete.as_str()))
                 .bind(&ids)
                 .bind(&types)
                 .bind(&aggregate_ids)
@@ -365,22 +536,50 @@ impl ClaimedBatch for PgClaim {
                 .bind(&give_up)
                 .bind(&attempts)
                 .bind(&unattempted)
-                .bind(self.skip_failed_heads)
-                .execute(&mut *self.transaction)
-                .await
-                .map_err(StoreError::new("record batch outcome"))?;
+                .bind(self.skip_failed_heads);
+            let recorded = match &mut self.tx {
+                ClaimTx::Pooled(transaction) => query.execute(&mut **transaction).await,
+                ClaimTx::Session { conn, .. } => query.execute(&mut *conn).await,
+                ClaimTx::Idle => return Ok(()),
+            };
+            recorded.map_err(StoreError::new("record batch outcome"))?;
         }
-        self.transaction
-            .commit()
-            .await
-            .map_err(StoreError::new("commit batch outcome"))
+        self.tx.end("COMMIT", "commit batch outcome").await
     }
 
     async fn release(self) -> Result<(), StoreError> {
-        self.transaction
-            .rollback()
-            .await
-            .map_err(StoreError::new("release claim"))
+        self.tx.end("ROLLBACK", "release claim").await
+    }
+}
+
+impl ClaimTx {
+    /// Commits or rolls back; a session's connection goes back to it, or,
+    /// after an error, is closed (its locks and transaction with it).
+    async fn end(self, command: &'static str, operation: &'static str) -> Result<(), StoreError> {
+        match self {
+            ClaimTx::Pooled(transaction) => {
+                let ended = if command == "COMMIT" {
+                    transaction.commit().await
+                } else {
+                    transaction.rollback().await
+                };
+                ended.map_err(StoreError::new(operation))
+            }
+            ClaimTx::Session {
+                mut conn,
+                mut session,
+            } => match sqlx::raw_sql(command).execute(&mut conn).await {
+                Ok(_) => {
+                    session.conn = Some(conn);
+                    Ok(())
+                }
+                Err(error) => {
+                    session.owned.clear();
+                    Err(StoreError::new(operation)(error))
+                }
+            },
+            ClaimTx::Idle => Ok(()),
+        }
     }
 }
 
@@ -416,25 +615,17 @@ impl RelayStore for PgRelayStore {
             .fetch_all(&mut *transaction)
             .await
             .map_err(StoreError::new("claim"))?;
-        let mut events = rows
-            .iter()
-            .map(decode_claimed)
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(StoreError::new("decode claimed event"))?;
-        events.sort_unstable_by(|a, b| {
-            let (a, b) = (&a.envelope, &b.envelope);
-            (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
-                &b.aggregate_type,
-                &b.aggregate_id,
-                b.aggregate_version,
-            ))
-        });
+        let events = decode_sorted(&rows)?;
         Ok(PgClaim {
-            transaction,
+            tx: ClaimTx::Pooled(transaction),
             events,
             sql: std::sync::Arc::clone(&self.sql),
             skip_failed_heads: self.skip_failed_heads,
         })
+    }
+
+    async fn claim_for(&self, worker_id: Uuid, limit: usize) -> Result<PgClaim, StoreError> {
+        self.claim_owned(worker_id, limit).await
     }
 
     async fn heartbeat(&self, worker_id: Uuid, waiting: bool) -> Result<(), StoreError> {
@@ -450,6 +641,15 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn deregister(&self, relay_id: Uuid) -> Result<(), StoreError> {
+        // Closing the session gives up its partitions at once.
+        let session = self.sessions.lock().expect("sessions").remove(&relay_id);
+        if let Some(session) = session {
+            let mut session = session.lock().await;
+            if let Some(conn) = session.conn.take() {
+                let _ = sqlx::Connection::close(conn).await;
+            }
+            session.owned.clear();
+        }
         sqlx::query(AssertSqlSafe(self.sql.deregister.as_str()))
             .bind(relay_id)
             .execute(&self.pool)
@@ -493,6 +693,25 @@ impl RelayStore for PgRelayStore {
         };
         read().map_err(StoreError::new("decode backlog figures"))
     }
+}
+
+/// The claimed rows as events, sorted by aggregate and version (the
+/// order the waves need).
+fn decode_sorted(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<ClaimedEvent>, StoreError> {
+    let mut events = rows
+        .iter()
+        .map(decode_claimed)
+        .collect::<Result<Vec<_>, sqlx::Error>>()
+        .map_err(StoreError::new("decode claimed event"))?;
+    events.sort_unstable_by(|a, b| {
+        let (a, b) = (&a.envelope, &b.envelope);
+        (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
+            &b.aggregate_type,
+            &b.aggregate_id,
+            b.aggregate_version,
+        ))
+    });
+    Ok(events)
 }
 
 fn decode_claimed(row: &sqlx::postgres::PgRow) -> Result<ClaimedEvent, sqlx::Error> {

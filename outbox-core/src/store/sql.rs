@@ -234,6 +234,20 @@ pub(crate) struct RelaySql {
     pub(crate) claim_shared: String,
     /// As `claim_shared` without the advisory locks, for a lone worker.
     pub(crate) claim_alone: String,
+    /// As `claim_alone`, only from the partitions the worker owns. Binds:
+    /// owned partitions (int2[]), limit, whether failed heads are skipped.
+    pub(crate) claim_owned: String,
+    /// Refreshes a worker's membership row (heartbeat, backend pid, owned
+    /// partitions) and returns the live workers' ids in order, itself
+    /// included: recent heartbeat and a session that still exists. Binds:
+    /// worker id, owned partitions, lease (seconds).
+    pub(crate) membership: String,
+    /// Takes the ownership locks of partitions and gives up others, on the
+    /// worker's claiming connection. Binds: lock namespace, partitions to
+    /// give up, partitions to take; returns those taken and the count given up.
+    pub(crate) rebalance: String,
+    /// The partition count fixed at migration. No binds.
+    pub(crate) partitions: String,
     /// Sets back what the claim marked published but was not: failed
     /// events (retry or failed state, blocking their aggregate) and events
     /// not attempted. Binds: failed ids, their aggregate types, aggregate
@@ -264,7 +278,7 @@ pub(crate) struct RelaySql {
 impl RelaySql {
     pub(crate) fn new(schema: &SchemaName) -> RelaySql {
         let s = schema.quoted();
-        let claim = |lock: &str| {
+        let claim = |lock: &str, scope: &str| {
             format!(
             "WITH blocking AS MATERIALIZED (
                 -- Blocked aggregates whose head still blocks: retrying, or
@@ -302,7 +316,7 @@ impl RelaySql {
             gap_free AS (
                 SELECT count(*) = (SELECT count(*) FROM candidates) AS complete
                 FROM {s}.outbox_events o
-                WHERE o.status = 'pending' AND o.seq <= (SELECT max(seq) FROM candidates)
+                WHERE o.status = 'pending' AND o.seq <= (SELECT max(seq) FROM candidates){scope}
             ),
             heads AS (
                 -- The advisory lock keeps two workers off one aggregate, but
@@ -361,8 +375,16 @@ impl RelaySql {
         // check above guarantees it).
         let claim_shared = claim(
             "                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))",
+            "",
         );
-        let claim_alone = claim("                  AND $1::integer IS NOT NULL");
+        let claim_alone = claim("                  AND $1::integer IS NOT NULL", "");
+        // A worker that owns partitions: only their events, and the fast
+        // path's count only over them. Nobody else claims from them (the
+        // ownership lock lives on this connection), so no per-row lock.
+        let claim_owned = claim(
+            "                  AND e.partition = ANY($1::smallint[])",
+            " AND o.partition = ANY($1::smallint[])",
+        );
         let complete = format!(
             "WITH failures AS (
                 SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[],
@@ -458,9 +480,35 @@ impl RelaySql {
                 WHERE created_at < now() - $1 * interval '1 second'
                 LIMIT $2 FOR UPDATE SKIP LOCKED)"
         );
+        let membership = format!(
+            "WITH me AS (
+                INSERT INTO {s}.outbox_relay_listeners AS l (relay_id, heartbeat_at, backend_pid, partitions)
+                VALUES ($1, now(), pg_backend_pid(), $2)
+                ON CONFLICT (relay_id) DO UPDATE
+                SET heartbeat_at = now(), backend_pid = EXCLUDED.backend_pid, partitions = EXCLUDED.partitions
+            )
+            SELECT array_agg(id ORDER BY id) FROM (
+                SELECT relay_id AS id FROM {s}.outbox_relay_listeners l
+                WHERE l.relay_id <> $1
+                  AND l.heartbeat_at > now() - make_interval(secs => $3)
+                  AND (l.backend_pid IS NULL
+                       OR EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.backend_pid))
+                UNION ALL SELECT $1
+            ) AS live"
+        );
+        let rebalance = "SELECT ARRAY(SELECT p FROM unnest($3::smallint[]) AS p
+                                WHERE pg_try_advisory_lock($1, p::integer))::smallint[],
+                          (SELECT count(*) FROM unnest($2::smallint[]) AS p
+                           WHERE pg_advisory_unlock($1, p::integer))"
+            .to_owned();
+        let partitions = format!("SELECT partitions FROM {s}.outbox_partitioning");
         RelaySql {
             claim_shared,
             claim_alone,
+            claim_owned,
+            membership,
+            rebalance,
+            partitions,
             complete,
             heartbeat,
             deregister,

@@ -6,7 +6,10 @@
 //! `fault-node producer <aggregates> <rounds> <writers> <pause_ms>` (a pause
 //! before each round spreads the load over the fault window) |
 //! `fault-node stream <aggregates> <events> <events_per_s> <writers> <seed>`
-//! (the soak's load: a steady rate until `events` are committed)
+//! (the soak's load: a steady rate until `events` are committed) |
+//! `fault-node relay-log <batch> <file> <delay_ms>` (one relay worker whose
+//! transport appends what it publishes to a file; short lease and timeouts
+//! for the scale-out tests)
 //!
 //! Settings from the environment: `OUTBOX_TEST_SCHEMA` (the schema in the
 //! test database), `OUTBOX_PG_ADDR` (`host:port` to reach PostgreSQL
@@ -74,6 +77,28 @@ async fn relay(batch_size: usize) {
         .await
         .expect("relay");
     println!("relay started");
+    std::future::pending::<()>().await;
+}
+
+/// One relay worker publishing to a [`LogTransport`](outbox_tests::transports::LogTransport),
+/// straight to PostgreSQL (no proxy), with a 2 s lease.
+async fn relay_log(batch_size: usize, file: &str, delay: Duration) {
+    let transport =
+        outbox_tests::transports::LogTransport::create(file.as_ref(), delay).expect("log file");
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(100),
+        publish_timeout: Duration::from_secs(2),
+        claim_timeout: Duration::from_secs(3),
+        lease: Duration::from_secs(2),
+        rebalance_interval: Duration::from_millis(200),
+        error_backoff: Duration::from_millis(100),
+        stats_interval: Duration::ZERO,
+        batch_size,
+        ..RelayConfig::default()
+    };
+    let _relay = Relay::start_postgres(pool_direct(3).await, schema(), transport, config)
+        .await
+        .expect("relay");
     std::future::pending::<()>().await;
 }
 
@@ -210,7 +235,8 @@ async fn stream(aggregates: usize, events: u64, rate: f64, writers: usize, seed:
             while produced < quota {
                 command += 1;
                 if command % 20 == 0 {
-                    let tick = Ticked::new(format!("c{}", random.below(aggregates as u64)), command);
+                    let tick =
+                        Ticked::new(format!("c{}", random.below(aggregates as u64)), command);
                     let key = format!("stream-{seed}-{writer}-{command}");
                     for _ in 0..2 {
                         let (tick, key) = (tick.clone(), key.clone());
@@ -357,6 +383,14 @@ async fn main() {
         ["consumer", name, ordering, batch] => {
             consumer(name, ordering, batch.parse().expect("batch")).await
         }
+        ["relay-log", batch, file, delay_ms] => {
+            relay_log(
+                batch.parse().expect("batch"),
+                file,
+                Duration::from_millis(delay_ms.parse().expect("delay_ms")),
+            )
+            .await
+        }
         ["stream", aggregates, events, rate, writers, seed] => {
             stream(
                 aggregates.parse().expect("aggregates"),
@@ -377,7 +411,7 @@ async fn main() {
             .await
         }
         _ => panic!(
-            "usage: fault-node relay [batch] | consumer <name> <strict|stale> [batch] | producer <aggregates> <rounds> <writers> <pause_ms> | stream <aggregates> <events> <events_per_s> <writers> <seed>"
+            "usage: fault-node relay [batch] | consumer <name> <strict|stale> [batch] | producer <aggregates> <rounds> <writers> <pause_ms> | stream <aggregates> <events> <events_per_s> <writers> <seed> | relay-log <batch> <file> <delay_ms>"
         ),
     }
 }

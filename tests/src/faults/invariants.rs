@@ -41,11 +41,13 @@ async fn scalar(db: &TestDb, sql: &str) -> Result<i64, String> {
         .map_err(|e| format!("{sql}: {e}"))
 }
 
-/// Waits (up to `limit`) until every event is published, the strict
-/// consumer applied every applicable event and the stale consumer reached
-/// every aggregate's last version, then lets late redeliveries settle.
-/// Returns what was still missing when the time ran out.
-pub async fn settle(db: &TestDb, limit: Duration) -> Result<Duration, String> {
+/// Waits (up to `limit`, looking every `poll`) until every event is
+/// published, the strict consumer applied every applicable event and the
+/// stale consumer reached every aggregate's last version, then lets late
+/// redeliveries settle. Returns what was still missing when the time ran
+/// out. Each look counts whole tables: on a million events it costs a
+/// second of database time, so look seldom there.
+pub async fn settle(db: &TestDb, limit: Duration, poll: Duration) -> Result<Duration, String> {
     let started = Instant::now();
     let deadline = started + limit;
     let done = || async {
@@ -80,7 +82,7 @@ pub async fn settle(db: &TestDb, limit: Duration) -> Result<Duration, String> {
                 Err(error) => format!("after {limit:?}: {error}"),
             });
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(poll).await;
     }
     let took = started.elapsed();
     // Redeliveries of the last messages settle as duplicates.
@@ -164,7 +166,9 @@ pub async fn check(db: &TestDb, expected: &Expected<'_>) -> Vec<Check> {
         );
 
         push(
-            &format!("{name}: exactly the poison quarantined, once each, with a reason; nothing dead-lettered"),
+            &format!(
+                "{name}: exactly the poison quarantined, once each, with a reason; nothing dead-lettered"
+            ),
             letters(db, name, expected).await,
         );
 
@@ -184,15 +188,20 @@ pub async fn check(db: &TestDb, expected: &Expected<'_>) -> Vec<Check> {
     checks
 }
 
-async fn letters(db: &TestDb, name: &str, expected: &Expected<'_>) -> Result<(bool, String), String> {
-    let rows: Vec<(Option<Uuid>, String, String, Vec<u8>)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT event_id, kind, reason, payload FROM {} WHERE consumer_name = $1",
-        db.table("outbox_dead_letters")
-    )))
-    .bind(name)
-    .fetch_all(&db.pool)
-    .await
-    .map_err(|e| e.to_string())?;
+async fn letters(
+    db: &TestDb,
+    name: &str,
+    expected: &Expected<'_>,
+) -> Result<(bool, String), String> {
+    let rows: Vec<(Option<Uuid>, String, String, Vec<u8>)> =
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT event_id, kind, reason, payload FROM {} WHERE consumer_name = $1",
+            db.table("outbox_dead_letters")
+        )))
+        .bind(name)
+        .fetch_all(&db.pool)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut with_id: Vec<Uuid> = rows.iter().filter_map(|r| r.0).collect();
     with_id.sort();
     let mut poison = expected.poison.to_vec();

@@ -177,7 +177,11 @@ pub async fn per_second(
             .bind(consumer)
             .fetch_all(pool)
             .await?;
-        let len = rows.iter().map(|r| r.0.max(0) as usize + 1).max().unwrap_or(0);
+        let len = rows
+            .iter()
+            .map(|r| r.0.max(0) as usize + 1)
+            .max()
+            .unwrap_or(0);
         let mut out = vec![0; len];
         for (second, count) in rows {
             out[second.max(0) as usize] += count;
@@ -284,13 +288,24 @@ pub fn draw_chart(report: &Report, path: &Path) -> Result<(), String> {
             .map(|i| {
                 let from = i.saturating_sub(4);
                 let window = &series[from..=i];
-                (i as f64, window.iter().sum::<i64>() as f64 / window.len() as f64)
+                (
+                    i as f64,
+                    window.iter().sum::<i64>() as f64 / window.len() as f64,
+                )
             })
             .collect()
     };
     let mut lines: Vec<(String, RGBColor, Vec<(f64, f64)>)> = vec![
-        ("produced".into(), RGBColor(120, 120, 120), smooth(&report.per_second.produced)),
-        ("published".into(), RGBColor(31, 119, 180), smooth(&report.per_second.published)),
+        (
+            "produced".into(),
+            RGBColor(120, 120, 120),
+            smooth(&report.per_second.produced),
+        ),
+        (
+            "published".into(),
+            RGBColor(31, 119, 180),
+            smooth(&report.per_second.published),
+        ),
     ];
     for ((name, series), color) in report
         .per_second
@@ -342,7 +357,9 @@ pub fn draw_chart(report: &Report, path: &Path) -> Result<(), String> {
             .draw_series(LineSeries::new(points, color.stroke_width(2)))
             .map_err(error)?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
@@ -401,22 +418,20 @@ fn draw_faults(
     for kind in kinds {
         let color = fault_color(kind);
         let series = chart
-            .draw_series(
-                faults
-                    .iter()
-                    .filter(|f| f.record.fault == kind)
-                    .map(|f| {
-                        Rectangle::new(
-                            [(f.record.at, 0.0), (f.record.until.max(f.record.at + 0.3), height)],
-                            color.mix(0.35).filled(),
-                        )
-                    }),
-            )
+            .draw_series(faults.iter().filter(|f| f.record.fault == kind).map(|f| {
+                Rectangle::new(
+                    [
+                        (f.record.at, 0.0),
+                        (f.record.until.max(f.record.at + 0.3), height),
+                    ],
+                    color.mix(0.35).filled(),
+                )
+            }))
             .map_err(|e| e.to_string())?;
         if legend {
-            series
-                .label(format!("{kind:?}"))
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], color.mix(0.5).filled()));
+            series.label(format!("{kind:?}")).legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 20, y + 5)], color.mix(0.5).filled())
+            });
         }
     }
     Ok(())

@@ -319,7 +319,8 @@ impl Rig {
                 self.proxy.up();
             }
             Fault::LockOutbox => {
-                let hold = RELAY_STATEMENT_TIMEOUT.as_millis() as u64 + 500 + self.schedule.below(1_500);
+                let hold =
+                    RELAY_STATEMENT_TIMEOUT.as_millis() as u64 + 500 + self.schedule.below(1_500);
                 self.lock_outbox(Duration::from_millis(hold)).await;
             }
             Fault::BrokerDuplicates => {
@@ -358,7 +359,10 @@ impl Rig {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        panic!("seed {}: could not lock the outbox table in 20 tries", self.seed);
+        panic!(
+            "seed {}: could not lock the outbox table in 20 tries",
+            self.seed
+        );
     }
 
     async fn jetstream(&self) -> async_nats::jetstream::Context {

@@ -1,0 +1,226 @@
+//! A relay worker's claiming session: its own connection, on which it
+//! holds the ownership locks of its partitions (session advisory locks) and
+//! runs every claim.
+//!
+//! Why locks on the claiming connection and not a lease column with a
+//! fencing token: the lock and the claim live and die with the same
+//! session. A worker that crashes or loses its connection loses its
+//! partitions and its open claim in the same instant, so no other worker
+//! can own a partition while a claim from it is still open, and nothing
+//! has to compare tokens. A worker that stalls (SIGSTOP, a long pause)
+//! keeps its session until the server ends it: `idle_session_timeout` (the
+//! lease) between claims, `idle_in_transaction_session_timeout` (the claim
+//! timeout) inside one. The other workers see a member as gone as soon as
+//! its backend has exited (`pg_stat_activity`), or when its heartbeat is
+//! older than the lease.
+
+use std::time::{Duration, Instant};
+
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::sql::RelaySql;
+use crate::metrics as m;
+use crate::relay::StoreError;
+
+/// How a worker's session is set up and rebalanced.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionSettings {
+    /// Session settings, one round trip when the connection opens.
+    pub(crate) setup: String,
+    /// A member whose heartbeat is older is gone; also the server's
+    /// `idle_session_timeout` on the claiming connection.
+    pub(crate) lease: Duration,
+    /// How often a worker looks at the membership and rebalances.
+    pub(crate) rebalance_interval: Duration,
+    /// Namespace of the ownership locks (distinct from any other lock the
+    /// outbox takes).
+    pub(crate) namespace: i32,
+    /// The schema's label for metrics.
+    pub(crate) label: String,
+}
+
+impl SessionSettings {
+    pub(crate) fn setup_sql(
+        claim_timeout: Duration,
+        statement_timeout: Duration,
+        lease: Duration,
+    ) -> String {
+        // The claim's plan settings (see `PgRelayStore::new`), its idle
+        // timeout inside a claim, the statement bound, and the lease:
+        // a session idle between claims for longer is ended by the server
+        // and its partitions freed.
+        format!(
+            "SET jit = off; SET enable_sort = off; SET enable_bitmapscan = off; \
+             SET idle_in_transaction_session_timeout = '{}ms'; SET statement_timeout = '{}ms'; \
+             SET idle_session_timeout = '{}ms'; SET application_name = 'outbox-relay'",
+            claim_timeout.as_millis().max(1),
+            statement_timeout.as_millis().max(1),
+            lease.as_millis().max(1)
+        )
+    }
+}
+
+/// One worker's session.
+#[derive(Default)]
+pub(crate) struct WorkerSession {
+    /// The claiming connection; `None` after an error (the session, its
+    /// locks and any open claim are gone) until the next claim opens one.
+    pub(crate) conn: Option<PgConnection>,
+    /// Partitions whose lock this session holds, ascending.
+    pub(crate) owned: Vec<i16>,
+    last_rebalance: Option<Instant>,
+}
+
+impl std::fmt::Debug for WorkerSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerSession")
+            .field("connected", &self.conn.is_some())
+            .field("owned", &self.owned.len())
+            .finish()
+    }
+}
+
+impl WorkerSession {
+    /// Opens the connection if there is none and rebalances when due.
+    pub(crate) async fn prepare(
+        &mut self,
+        pool: &PgPool,
+        sql: &RelaySql,
+        settings: &SessionSettings,
+        partitions: i16,
+        worker: Uuid,
+    ) -> Result<(), StoreError> {
+        if self.conn.is_none() {
+            let mut conn = PgConnection::connect_with(&pool.connect_options())
+                .await
+                .map_err(StoreError::new("open the claiming connection"))?;
+            sqlx::raw_sql(AssertSqlSafe(settings.setup.clone()))
+                .execute(&mut conn)
+                .await
+                .map_err(StoreError::new("set up the claiming connection"))?;
+            self.conn = Some(conn);
+            self.forget_partitions(settings, worker);
+        }
+        let due = self
+            .last_rebalance
+            .is_none_or(|at| at.elapsed() >= settings.rebalance_interval);
+        if due {
+            let result = self.rebalance(sql, settings, partitions, worker).await;
+            if result.is_err() {
+                self.lose(settings, worker);
+            }
+            result?;
+        }
+        Ok(())
+    }
+
+    /// The session is gone (an error on its connection): so are its locks.
+    pub(crate) fn lose(&mut self, settings: &SessionSettings, worker: Uuid) {
+        self.conn = None;
+        self.forget_partitions(settings, worker);
+    }
+
+    fn forget_partitions(&mut self, settings: &SessionSettings, worker: Uuid) {
+        self.owned.clear();
+        self.last_rebalance = None;
+        owned_gauge(settings, worker, 0);
+    }
+
+    /// Refreshes membership, computes this worker's share (partition `p`
+    /// goes to the live worker at index `p mod n`, workers ordered by id),
+    /// gives up what is no longer its share and takes what is free of it.
+    /// A partition held by a worker that has not given it up yet stays
+    /// with it until it does (between two of its claims) or its session ends.
+    async fn rebalance(
+        &mut self,
+        sql: &RelaySql,
+        settings: &SessionSettings,
+        partitions: i16,
+        worker: Uuid,
+    ) -> Result<(), StoreError> {
+        let conn = self.conn.as_mut().expect("prepared connection");
+        let live: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(sql.membership.as_str()))
+            .bind(worker)
+            .bind(&self.owned)
+            .bind(settings.lease.as_secs_f64())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(StoreError::new("refresh relay membership"))?;
+        self.last_rebalance = Some(Instant::now());
+        let index = live.iter().position(|id| *id == worker).unwrap_or(0);
+        let share = share(partitions, live.len().max(1), index);
+        let give_up: Vec<i16> = self
+            .owned
+            .iter()
+            .copied()
+            .filter(|p| share.binary_search(p).is_err())
+            .collect();
+        let take: Vec<i16> = share
+            .iter()
+            .copied()
+            .filter(|p| self.owned.binary_search(p).is_err())
+            .collect();
+        if give_up.is_empty() && take.is_empty() {
+            return Ok(());
+        }
+        let (taken, _): (Vec<i16>, i64) = sqlx::query_as(AssertSqlSafe(sql.rebalance.as_str()))
+            .bind(settings.namespace)
+            .bind(&give_up)
+            .bind(&take)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(StoreError::new("rebalance relay partitions"))?;
+        let before = self.owned.len();
+        self.owned.retain(|p| give_up.binary_search(p).is_err());
+        self.owned.extend(taken);
+        self.owned.sort_unstable();
+        if !give_up.is_empty() || self.owned.len() != before {
+            metrics::counter!(m::RELAY_REBALANCES, "schema" => settings.label.clone()).increment(1);
+            tracing::debug!(
+                %worker,
+                owned = self.owned.len(),
+                gave_up = give_up.len(),
+                live = live.len(),
+                "relay partitions rebalanced"
+            );
+        }
+        owned_gauge(settings, worker, self.owned.len());
+        Ok(())
+    }
+}
+
+fn owned_gauge(settings: &SessionSettings, worker: Uuid, owned: usize) {
+    metrics::gauge!(
+        m::RELAY_PARTITIONS_OWNED,
+        "schema" => settings.label.clone(),
+        "worker" => worker.to_string()
+    )
+    .set(owned as f64);
+}
+
+/// The partitions of the worker at `index` among `workers` live ones.
+pub(crate) fn share(partitions: i16, workers: usize, index: usize) -> Vec<i16> {
+    (0..partitions)
+        .filter(|p| *p as usize % workers == index)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shares_cover_every_partition_once() {
+        for workers in 1..=7 {
+            let mut all: Vec<i16> = (0..workers).flat_map(|i| share(256, workers, i)).collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..256).collect::<Vec<i16>>(), "{workers} workers");
+            let sizes: Vec<usize> = (0..workers).map(|i| share(256, workers, i).len()).collect();
+            assert!(
+                sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1,
+                "{sizes:?}"
+            );
+        }
+    }
+}
