@@ -234,7 +234,7 @@ async fn stream(aggregates: usize, events: u64, rate: f64, writers: usize, seed:
             let mut command = 0u64;
             while produced < quota {
                 command += 1;
-                if command % 20 == 0 {
+                if command.is_multiple_of(20) {
                     let tick =
                         Ticked::new(format!("c{}", random.below(aggregates as u64)), command);
                     let key = format!("stream-{seed}-{writer}-{command}");

@@ -40,8 +40,7 @@ fn options() -> Options {
         out: PathBuf::from("target/soak"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut pairs = args.chunks(2);
-    while let Some(pair) = pairs.next() {
+    for pair in args.chunks(2) {
         let [flag, value] = pair else {
             usage(&format!("{pair:?} has no value"));
         };

@@ -268,6 +268,9 @@ fn fault_color(fault: Fault) -> plotters::style::RGBColor {
     }
 }
 
+/// A named series and its colour.
+type Line = (String, plotters::style::RGBColor, Vec<(f64, f64)>);
+
 /// Draws throughput (top) and backlog age (bottom) over time, each fault
 /// a vertical line in its kind's colour, into a PNG at `path`.
 pub fn draw_chart(report: &Report, path: &Path) -> Result<(), String> {
@@ -295,7 +298,7 @@ pub fn draw_chart(report: &Report, path: &Path) -> Result<(), String> {
             })
             .collect()
     };
-    let mut lines: Vec<(String, RGBColor, Vec<(f64, f64)>)> = vec![
+    let mut lines: Vec<Line> = vec![
         (
             "produced".into(),
             RGBColor(120, 120, 120),
