@@ -83,6 +83,10 @@ fn golden(name: &str, text: &str) {
             (r"audit row \d+", "audit row [n]"),
             (r"(?m)^\d+(\s+)\[time\]", "[n]$1[time]"),
             (r"t\d+_\d+_\d+x*", "[schema]"),
+            // The relay worker's session and how many partitions it had
+            // reported by then (its row is refreshed every second).
+            (r"pid \d+( \(gone\))?\s+\d+ of 256(: [0-9, -]+)?", "pid [pid] [n] of 256"),
+            (r"SESSION\s+PARTITIONS", "SESSION PARTITIONS"),
         ],
         prepend_module_to_snapshot => false,
     }, {
