@@ -70,6 +70,9 @@ pub(crate) struct WorkerSession {
     /// Partitions whose lock this session holds, ascending.
     pub(crate) owned: Vec<i16>,
     last_rebalance: Option<Instant>,
+    /// When the connection was last used: past the lease the server has
+    /// ended it (`idle_session_timeout`).
+    last_used: Option<Instant>,
 }
 
 impl std::fmt::Debug for WorkerSession {
@@ -91,6 +94,14 @@ impl WorkerSession {
         partitions: i16,
         worker: Uuid,
     ) -> Result<(), StoreError> {
+        // A worker that slept past the lease (a long poll interval, no
+        // events) finds its session ended by the server: start a new one
+        // instead of failing a claim on the dead one.
+        let margin = settings.lease.mul_f64(0.8);
+        if self.conn.is_some() && self.last_used.is_some_and(|at| at.elapsed() >= margin) {
+            self.lose(settings, worker);
+        }
+        self.last_used = Some(Instant::now());
         if self.conn.is_none() {
             let mut conn = PgConnection::connect_with(&pool.connect_options())
                 .await
