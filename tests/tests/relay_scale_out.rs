@@ -202,11 +202,7 @@ fn relay_process(db: &TestDb, log: &std::path::Path) -> Node {
 }
 
 fn signal(node: &Node, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &node.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    outbox_tests::faults::signal(&node.0, name);
 }
 
 /// Every publish, from every process's log, in time order.

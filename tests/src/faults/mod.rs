@@ -10,6 +10,6 @@ mod rig;
 mod schedule;
 
 pub use rig::{
-    CONSUMERS, FAULTS, Fault, FaultRecord, Node, RELAY_STATEMENT_TIMEOUT, Rig, RigConfig,
+    CONSUMERS, FAULTS, Fault, FaultRecord, Node, RELAY_STATEMENT_TIMEOUT, Rig, RigConfig, signal,
 };
 pub use schedule::Schedule;

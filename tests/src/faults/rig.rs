@@ -475,7 +475,8 @@ impl Rig {
     }
 }
 
-fn signal(child: &Child, name: &str) {
+/// Sends signal `name` (`KILL`, `STOP`, `CONT`) to `child` with kill(1).
+pub fn signal(child: &Child, name: &str) {
     let status = Command::new("kill")
         .args([&format!("-{name}"), &child.id().to_string()])
         .status()
