@@ -1,11 +1,13 @@
 //! The fault suite, CI length: relays and consumers as separate processes
-//! (`fault-node`) against a private PostgreSQL cluster (reached through a
-//! TCP proxy the suite owns) and a private nats-server, with load from a
+//! (`fault-node`) against a private PostgreSQL cluster and a private nats-server (each
+//! reached through a TCP proxy the suite owns), with load from a
 //! producer process, while faults are injected at random from a printed
 //! seed (`outbox_tests::faults`): SIGKILL of a relay and of a consumer
 //! (restarted), SIGSTOP of a relay past its claim timeout (then SIGCONT),
 //! nats-server killed and restarted, PostgreSQL restarted (`pg_ctl restart
 //! -m fast`), every database connection of the relays and consumers cut,
+//! every byte to both servers delayed, the network to PostgreSQL or to
+//! nats-server blackholed (silence, no reset; `tests/src/proxy.rs`),
 //! the outbox table locked past the relays' statement timeout, messages
 //! published to the stream a second time under new ids, and messages the
 //! outbox never wrote (an undecodable event, a message without headers)

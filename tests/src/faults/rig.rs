@@ -34,6 +34,18 @@ pub enum Fault {
     /// Every database connection of the relays and consumers cut, new
     /// ones refused for a while.
     CutDatabase,
+    /// Every byte between the relays and consumers and both servers
+    /// (PostgreSQL and NATS) held 20–200 ms before it is passed on, for a
+    /// few seconds: slow round trips, not a failure.
+    DelayNetwork,
+    /// The network to PostgreSQL drops everything (no reset, no new
+    /// connection gets through) for 1.5–4.5 s, then heals: clients see
+    /// silence, the server ends sessions idle past their timeouts, and
+    /// what was sent meanwhile arrives after.
+    BlackholeDatabase,
+    /// The network to nats-server drops everything for 1.5–4.5 s, then
+    /// heals: publishes and fetches time out instead of failing.
+    BlackholeNats,
     /// `pg_ctl restart -m fast` of the private cluster.
     RestartPostgres,
     /// The outbox table locked (`ACCESS EXCLUSIVE`, as a migration would)
@@ -49,12 +61,15 @@ pub enum Fault {
 }
 
 /// Every fault kind.
-pub const FAULTS: [Fault; 9] = [
+pub const FAULTS: [Fault; 12] = [
     Fault::KillRelay,
     Fault::StopRelay,
     Fault::KillConsumer,
     Fault::RestartNats,
     Fault::CutDatabase,
+    Fault::DelayNetwork,
+    Fault::BlackholeDatabase,
+    Fault::BlackholeNats,
     Fault::RestartPostgres,
     Fault::LockOutbox,
     Fault::BrokerDuplicates,
@@ -123,7 +138,10 @@ pub struct Rig {
     pub db: TestDb,
     /// The private nats-server.
     pub nats: NatsServer,
+    /// Between the nodes and PostgreSQL.
     proxy: TcpProxy,
+    /// Between the nodes and nats-server.
+    nats_proxy: TcpProxy,
     config: RigConfig,
     env: Vec<(String, String)>,
     relays: Vec<Node>,
@@ -152,6 +170,7 @@ impl Rig {
         create_effects(&db).await;
         let nats = NatsServer::start();
         let proxy = TcpProxy::start(&format!("127.0.0.1:{}", postgres.port())).await;
+        let nats_proxy = TcpProxy::start(nats.url().trim_start_matches("nats://")).await;
         let mut env = vec![
             ("DATABASE_URL".to_owned(), postgres.url()),
             (
@@ -159,7 +178,10 @@ impl Rig {
                 db.schema.as_str().to_owned(),
             ),
             ("OUTBOX_PG_ADDR".to_owned(), proxy.address()),
-            ("OUTBOX_NATS_URL".to_owned(), nats.url()),
+            (
+                "OUTBOX_NATS_URL".to_owned(),
+                format!("nats://{}", nats_proxy.address()),
+            ),
         ];
         if let Some(chaos) = &config.chaos {
             env.push(("OUTBOX_CHAOS".to_owned(), chaos.clone()));
@@ -180,6 +202,7 @@ impl Rig {
             db,
             nats,
             proxy,
+            nats_proxy,
             env,
             relays: Vec::new(),
             consumers: Vec::new(),
@@ -317,6 +340,27 @@ impl Rig {
                 let down = 500 + self.schedule.below(2_000);
                 tokio::time::sleep(Duration::from_millis(down)).await;
                 self.proxy.up();
+            }
+            Fault::DelayNetwork => {
+                let latency = Duration::from_millis(20 + self.schedule.below(180));
+                let length = 2_000 + self.schedule.below(3_000);
+                self.proxy.delay(latency);
+                self.nats_proxy.delay(latency);
+                tokio::time::sleep(Duration::from_millis(length)).await;
+                self.proxy.heal();
+                self.nats_proxy.heal();
+            }
+            Fault::BlackholeDatabase => {
+                let length = 1_500 + self.schedule.below(3_000);
+                self.proxy.blackhole();
+                tokio::time::sleep(Duration::from_millis(length)).await;
+                self.proxy.heal();
+            }
+            Fault::BlackholeNats => {
+                let length = 1_500 + self.schedule.below(3_000);
+                self.nats_proxy.blackhole();
+                tokio::time::sleep(Duration::from_millis(length)).await;
+                self.nats_proxy.heal();
             }
             Fault::LockOutbox => {
                 let hold =
