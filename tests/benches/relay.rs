@@ -13,7 +13,11 @@
 //! 3. latency: commit → JetStream delivery at half the measured capacity,
 //!    woken by NOTIFY, and with polling alone;
 //! 4. claim: claim time with an empty history and with a million published
-//!    rows (vacuumed), for the relay's claim and for the raw claim.
+//!    rows (vacuumed), for the relay's claim and for the raw claim;
+//! 5. statements (`OUTBOX_BENCH_ONLY=statements`): where a drain's time
+//!    goes, relay and raw SQL on a private server with
+//!    `pg_stat_statements` — per statement calls, time and rows, and
+//!    client and server CPU per event.
 //!
 //! `cargo bench -p outbox-tests --bench relay` (about ten minutes); under
 //! `cargo test` it runs a small smoke version.
@@ -186,6 +190,142 @@ async fn raw_claim_ms(db: &TestDb, samples: usize) -> f64 {
         times.push(plan[0]["Execution Time"].as_f64().unwrap());
     }
     median(&mut times)
+}
+
+/// One drain's cost, measured on a private server with
+/// `pg_stat_statements`: wall time, client and server CPU, and the
+/// statements the server ran (per statement: calls, total time, rows).
+struct DrainCost {
+    wall: f64,
+    client_cpu: f64,
+    server_cpu: f64,
+    statements: Vec<Statement>,
+}
+
+/// One statement of `pg_stat_statements`: text, calls, planning plus
+/// execution time (ms), rows, planning time (ms).
+type Statement = (String, i64, f64, i64, f64);
+
+async fn statements_reset(db: &TestDb) {
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+async fn statements_read(db: &TestDb) -> Vec<Statement> {
+    let rows = sqlx::query(
+        "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time + total_plan_time, rows, total_plan_time
+         FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query NOT LIKE '%pg_stat_statements%'
+         ORDER BY total_exec_time + total_plan_time DESC",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    rows.iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
+
+async fn measured<F: std::future::Future<Output = f64>>(
+    db: &TestDb,
+    server_pid: u32,
+    drain: F,
+) -> DrainCost {
+    statements_reset(db).await;
+    let (client, server) = (
+        outbox_tests::cpu::own_seconds(),
+        outbox_tests::cpu::tree_seconds(server_pid),
+    );
+    let started = Instant::now();
+    drain.await;
+    let wall = started.elapsed().as_secs_f64();
+    let client_cpu = outbox_tests::cpu::own_seconds() - client;
+    let server_cpu = outbox_tests::cpu::tree_seconds(server_pid) - server;
+    DrainCost {
+        wall,
+        client_cpu,
+        server_cpu,
+        statements: statements_read(db).await,
+    }
+}
+
+fn print_cost(name: &str, events: i64, cost: &DrainCost) {
+    let per = |seconds: f64| seconds * 1e6 / events as f64;
+    println!(
+        "  {name}: {:.0} events/s; per event: wall {:.1} µs, client CPU {:.1} µs, server CPU {:.1} µs",
+        events as f64 / cost.wall,
+        per(cost.wall),
+        per(cost.client_cpu),
+        per(cost.server_cpu)
+    );
+    println!("    | statement | calls | ms/call (planning) | rows/call | µs/event |");
+    for (query, calls, total, rows, plan) in cost.statements.iter().take(5) {
+        let mut text: String = query.trim().chars().take(70).collect();
+        if query.trim().chars().count() > 70 {
+            text.push('…');
+        }
+        println!(
+            "    | `{text}` | {calls} | {:.3} ({:.3}) | {:.0} | {:.1} |",
+            total / (*calls).max(1) as f64,
+            plan / (*calls).max(1) as f64,
+            *rows as f64 / (*calls).max(1) as f64,
+            total * 1000.0 / events as f64
+        );
+    }
+}
+
+/// Where a drain's time goes: the relay and raw SQL side by side on a
+/// private server with `pg_stat_statements` (fsync on, as the shared
+/// server), per statement and as client/server CPU per event.
+async fn bench_statements(scale: &Scale) {
+    let cluster = outbox_tests::pgcluster::PgCluster::start_with(&[
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track=all",
+        "pg_stat_statements.track_planning=on",
+        "fsync=on",
+        "shared_buffers=1GB",
+    ]);
+    let events = scale.backlog.min(200_000);
+    println!(
+        "\n== where a drain's time goes ({events} events, private server with pg_stat_statements)"
+    );
+    let extension = TestDb::on_server(&cluster.url(), 1).await;
+    extension
+        .execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await;
+    for &batch in &scale.batch_sizes {
+        for workers in [1_usize, 4] {
+            let raw_db = Arc::new(TestDb::on_server(&cluster.url(), workers as u32 + 2).await);
+            fill(&raw_db, events, 1).await;
+            let cost = measured(
+                &raw_db,
+                cluster.server_pid(),
+                raw_drain(&raw_db, workers, batch as i64, events),
+            )
+            .await;
+            print_cost(
+                &format!("batch {batch}, {workers} client(s), raw SQL"),
+                events,
+                &cost,
+            );
+            let relay_db = Arc::new(TestDb::on_server(&cluster.url(), 2).await);
+            fill(&relay_db, events, 1).await;
+            let cost = measured(
+                &relay_db,
+                cluster.server_pid(),
+                relay_drain(&relay_db, 1, workers, batch, events),
+            )
+            .await;
+            print_cost(
+                &format!("batch {batch}, {workers} worker(s), relay"),
+                events,
+                &cost,
+            );
+        }
+    }
 }
 
 async fn bench_drain(scale: &Scale) {
@@ -576,6 +716,16 @@ async fn main() {
     if let Ok(backlog) = std::env::var("OUTBOX_BENCH_BACKLOG") {
         scale.backlog = backlog.parse().expect("OUTBOX_BENCH_BACKLOG is a number");
     }
+    if let Ok(batches) = std::env::var("OUTBOX_BENCH_BATCHES") {
+        scale.batch_sizes = batches
+            .split(',')
+            .map(|b| {
+                b.trim()
+                    .parse()
+                    .expect("OUTBOX_BENCH_BATCHES is numbers, comma-separated")
+            })
+            .collect();
+    }
     if let Ok(rounds) = std::env::var("OUTBOX_BENCH_ROUNDS") {
         scale.rounds = rounds.parse().expect("OUTBOX_BENCH_ROUNDS is a number");
     }
@@ -585,6 +735,9 @@ async fn main() {
     };
     if wants("drain") {
         bench_drain(&scale).await;
+    }
+    if wants("statements") {
+        bench_statements(&scale).await;
     }
     let server = NatsServer::start();
     if wants("transports") || wants("jetstream") {

@@ -7,6 +7,7 @@
 pub mod chaos;
 pub mod conformance;
 pub mod consumers;
+pub mod cpu;
 pub mod db;
 pub mod events;
 pub mod faults;

@@ -19,6 +19,8 @@ pub struct PgCluster {
     dir: tempfile::TempDir,
     port: u16,
     as_postgres: bool,
+    /// Extra ` -c name=value` options for the server.
+    settings: String,
 }
 
 fn server_bin() -> PathBuf {
@@ -55,6 +57,13 @@ impl PgCluster {
     /// Creates and starts a cluster (trust authentication, user
     /// `postgres`, fsync off: the test is about restarts, not disks).
     pub fn start() -> PgCluster {
+        PgCluster::start_with(&[])
+    }
+
+    /// Like [`PgCluster::start`], with more server settings
+    /// (`name=value` without spaces, each passed as `-c`; later ones win, so
+    /// `fsync=on` undoes the default).
+    pub fn start_with(settings: &[&str]) -> PgCluster {
         let bin = server_bin();
         let dir = tempfile::tempdir().expect("a directory for the cluster");
         let as_postgres = running_as_root();
@@ -72,6 +81,7 @@ impl PgCluster {
             dir,
             port,
             as_postgres,
+            settings: settings.iter().map(|s| format!(" -c {s}")).collect(),
         };
         let data = cluster.data();
         cluster.run(
@@ -123,9 +133,10 @@ impl PgCluster {
     fn pg_ctl(&self, args: &[&str]) {
         let data = self.data();
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100{}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.settings
         );
         let log = self.dir.path().join("server.log");
         let mut all = vec![
@@ -144,6 +155,16 @@ impl PgCluster {
     /// back when this returns.
     pub fn restart(&self) {
         self.pg_ctl(&["restart", "-m", "fast", "-w"]);
+    }
+
+    /// The postmaster's process id (from `postmaster.pid`).
+    pub fn server_pid(&self) -> u32 {
+        let file = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .expect("postmaster.pid of a running cluster");
+        file.lines()
+            .next()
+            .and_then(|line| line.trim().parse().ok())
+            .expect("a pid on the first line of postmaster.pid")
     }
 
     /// The port it listens on (127.0.0.1).

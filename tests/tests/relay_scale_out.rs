@@ -180,6 +180,121 @@ async fn workers_divide_the_partitions_and_take_over_when_one_leaves() {
     db.drop_schema().await;
 }
 
+/// Publishes nothing anywhere; reports itself down after its first batch
+/// until the test lets it up.
+#[derive(Clone, Default)]
+struct PausingTransport {
+    published: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl outbox_core::transport::Transport for PausingTransport {
+    async fn publish(
+        &self,
+        events: &[&outbox_core::Envelope],
+    ) -> Vec<Result<(), outbox_core::transport::PublishFailure>> {
+        use std::sync::atomic::Ordering;
+        let before = self
+            .published
+            .fetch_add(events.len() as u64, Ordering::SeqCst);
+        if before == 0 {
+            self.down.store(true, Ordering::SeqCst);
+        }
+        vec![Ok(()); events.len()]
+    }
+
+    async fn health(&self) -> outbox_core::transport::TransportHealth {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            outbox_core::transport::TransportHealth::Down {
+                reason: "paused by the test".into(),
+            }
+        } else {
+            outbox_core::transport::TransportHealth::Up
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "pausing"
+    }
+}
+
+/// After a full batch the worker's commit opens the next claim's
+/// transaction in the same round trip. When the worker then does not claim
+/// (its transport went down), that empty transaction must be ended before
+/// the server's idle-in-transaction timeout (the claim timeout) ends the
+/// whole session: the worker keeps its session, its partitions and its
+/// backend, and no claim fails.
+#[tokio::test]
+async fn a_transaction_opened_ahead_of_a_claim_does_not_outlive_a_pause() {
+    use std::sync::atomic::Ordering;
+    let db = TestDb::with_pool_size(4).await;
+    metrics::install();
+    emit_ticks(&db.pool, &db.outbox, 10, 5, 50).await;
+    let transport = PausingTransport::default();
+    let config = RelayConfig {
+        workers: 1,
+        batch_size: 20,
+        poll_interval: Duration::from_millis(50),
+        publish_timeout: Duration::from_millis(500),
+        claim_timeout: Duration::from_secs(1),
+        // Rebalances far apart: only the guard ends the open transaction.
+        lease: Duration::from_secs(30),
+        rebalance_interval: Duration::from_secs(20),
+        error_backoff: Duration::from_millis(300),
+        stats_interval: Duration::ZERO,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::start(
+        outbox_core::store::PgRelayStore::new(
+            db.pool.clone(),
+            db.schema.clone(),
+            Default::default(),
+            config.claim_timeout,
+        )
+        .with_partitioning(config.lease, config.rebalance_interval)
+        .with_label("opened-ahead"),
+        transport.clone(),
+        config,
+        "opened-ahead",
+    )
+    .await
+    .unwrap();
+    wait::until("the first full batch", Duration::from_secs(20), || async {
+        transport.published.load(Ordering::SeqCst) >= 20
+    })
+    .await;
+    let backend = || async {
+        sqlx::query_scalar::<_, Option<i32>>(AssertSqlSafe(format!(
+            "SELECT backend_pid FROM {}",
+            db.table("outbox_relay_listeners")
+        )))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let before = backend().await;
+    assert!(before.is_some(), "the worker's backend is recorded");
+    // Down for 2.5 claim timeouts: the worker sleeps and looks again.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    transport.down.store(false, Ordering::SeqCst);
+    wait::until("every event published", Duration::from_secs(20), || async {
+        db.published().await == 50
+    })
+    .await;
+    assert_eq!(
+        metrics::counter(m::STORE_ERRORS, &[("schema", "opened-ahead")]),
+        0,
+        "a claim failed: the session was ended under the worker"
+    );
+    assert_eq!(
+        backend().await,
+        before,
+        "the worker had to open a new session"
+    );
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    db.drop_schema().await;
+}
+
 struct Node(Child);
 
 impl Drop for Node {

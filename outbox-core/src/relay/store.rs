@@ -179,6 +179,15 @@ pub trait RelayStore: Send + Sync + 'static {
         self.claim(limit)
     }
 
+    /// The worker `worker_id` will not claim for a while (its transport is
+    /// down): let go of whatever was held open for its next claim. The
+    /// PostgreSQL store ends the transaction a full batch opened ahead;
+    /// by default there is nothing to do.
+    fn pause(&self, worker_id: Uuid) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = worker_id;
+        async { Ok(()) }
+    }
+
     /// Records that this worker is alive and whether it sleeps waiting for
     /// a NOTIFY (emitters notify only while someone waits). Called at start,
     /// on every change, and at least every few seconds while running.

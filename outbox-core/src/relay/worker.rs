@@ -55,6 +55,11 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
                     .transport_up(&shared.schema_label, shared.transport.name());
             }
             TransportHealth::Down { reason } => {
+                if consecutive_down == u32::MAX
+                    && let Err(error) = shared.store.pause(worker_id).await
+                {
+                    tracing::warn!(%error, "relay could not pause its claiming session");
+                }
                 consecutive_down = consecutive_down.saturating_add(1);
                 shared
                     .health

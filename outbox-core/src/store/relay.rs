@@ -87,6 +87,7 @@ impl PgRelayStore {
                 rebalance_interval: DEFAULT_REBALANCE_INTERVAL,
                 namespace: lock_namespace(&schema) ^ 0x5EED_0F0B,
                 label: schema.as_str().to_owned(),
+                claim_timeout,
             },
             sessions: Default::default(),
             partitions: Default::default(),
@@ -186,20 +187,24 @@ impl PgRelayStore {
             )
             .await?;
         if session.owned.is_empty() {
+            session.end_begun(&self.session_settings, worker_id).await?;
             return Ok(PgClaim {
                 tx: ClaimTx::Idle,
                 events: Vec::new(),
                 sql: std::sync::Arc::clone(&self.sql),
                 skip_failed_heads: self.skip_failed_heads,
+                full: false,
             });
         }
-        let mut conn = session.conn.take().expect("prepared connection");
+        let (mut conn, begun) = session.take_for_claim();
         let all = session.owned.len() == partitions as usize;
         let result = async {
-            sqlx::raw_sql("BEGIN")
-                .execute(&mut conn)
-                .await
-                .map_err(StoreError::new("begin claim"))?;
+            if !begun {
+                sqlx::raw_sql("BEGIN")
+                    .execute(&mut conn)
+                    .await
+                    .map_err(StoreError::new("begin claim"))?;
+            }
             let claim = if all {
                 sqlx::query(AssertSqlSafe(self.sql.claim_alone.as_str())).bind(self.lock_namespace)
             } else {
@@ -228,11 +233,13 @@ impl PgRelayStore {
                 return Err(error);
             }
         };
+        let full = events.len() >= limit;
         Ok(PgClaim {
             tx: ClaimTx::Session { conn, session },
             events,
             sql: std::sync::Arc::clone(&self.sql),
             skip_failed_heads: self.skip_failed_heads,
+            full,
         })
     }
 
@@ -476,6 +483,10 @@ pub struct PgClaim {
     events: Vec<ClaimedEvent>,
     sql: std::sync::Arc<RelaySql>,
     skip_failed_heads: bool,
+    /// The claim took as many events as it asked for: the worker claims
+    /// again at once, so a session's commit opens the next transaction in
+    /// the same round trip.
+    full: bool,
 }
 
 /// Where a claim's transaction runs.
@@ -544,40 +555,71 @@ impl ClaimedBatch for PgClaim {
             };
             recorded.map_err(StoreError::new("record batch outcome"))?;
         }
-        self.tx.end("COMMIT", "commit batch outcome").await
+        let command = if self.full {
+            End::CommitAndBegin
+        } else {
+            End::Commit
+        };
+        self.tx.end(command).await
     }
 
     async fn release(self) -> Result<(), StoreError> {
-        self.tx.end("ROLLBACK", "release claim").await
+        self.tx.end(End::Rollback).await
+    }
+}
+
+/// How a claim's transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Commit,
+    /// Commits and, on a worker's session, opens the next claim's
+    /// transaction in the same round trip.
+    CommitAndBegin,
+    Rollback,
+}
+
+impl End {
+    fn operation(self) -> &'static str {
+        match self {
+            End::Commit | End::CommitAndBegin => "commit batch outcome",
+            End::Rollback => "release claim",
+        }
     }
 }
 
 impl ClaimTx {
     /// Commits or rolls back; a session's connection goes back to it, or,
     /// after an error, is closed (its locks and transaction with it).
-    async fn end(self, command: &'static str, operation: &'static str) -> Result<(), StoreError> {
+    async fn end(self, end: End) -> Result<(), StoreError> {
         match self {
             ClaimTx::Pooled(transaction) => {
-                let ended = if command == "COMMIT" {
-                    transaction.commit().await
-                } else {
+                let ended = if end == End::Rollback {
                     transaction.rollback().await
+                } else {
+                    transaction.commit().await
                 };
-                ended.map_err(StoreError::new(operation))
+                ended.map_err(StoreError::new(end.operation()))
             }
             ClaimTx::Session {
                 mut conn,
                 mut session,
-            } => match sqlx::raw_sql(command).execute(&mut conn).await {
-                Ok(_) => {
-                    session.conn = Some(conn);
-                    Ok(())
+            } => {
+                let command = match end {
+                    End::Commit => "COMMIT",
+                    End::CommitAndBegin => "COMMIT; BEGIN",
+                    End::Rollback => "ROLLBACK",
+                };
+                match sqlx::raw_sql(command).execute(&mut conn).await {
+                    Ok(_) => {
+                        session.give_back(conn, end == End::CommitAndBegin);
+                        Ok(())
+                    }
+                    Err(error) => {
+                        session.owned.clear();
+                        Err(StoreError::new(end.operation())(error))
+                    }
                 }
-                Err(error) => {
-                    session.owned.clear();
-                    Err(StoreError::new(operation)(error))
-                }
-            },
+            }
             ClaimTx::Idle => Ok(()),
         }
     }
@@ -621,11 +663,31 @@ impl RelayStore for PgRelayStore {
             events,
             sql: std::sync::Arc::clone(&self.sql),
             skip_failed_heads: self.skip_failed_heads,
+            full: false,
         })
     }
 
     async fn claim_for(&self, worker_id: Uuid, limit: usize) -> Result<PgClaim, StoreError> {
         self.claim_owned(worker_id, limit).await
+    }
+
+    async fn pause(&self, worker_id: Uuid) -> Result<(), StoreError> {
+        let session = self
+            .sessions
+            .lock()
+            .expect("sessions")
+            .get(&worker_id)
+            .cloned();
+        match session {
+            Some(session) => {
+                session
+                    .lock()
+                    .await
+                    .end_begun(&self.session_settings, worker_id)
+                    .await
+            }
+            None => Ok(()),
+        }
     }
 
     async fn heartbeat(&self, worker_id: Uuid, waiting: bool) -> Result<(), StoreError> {

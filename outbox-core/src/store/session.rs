@@ -38,6 +38,10 @@ pub(crate) struct SessionSettings {
     pub(crate) namespace: i32,
     /// The schema's label for metrics.
     pub(crate) label: String,
+    /// The server's `idle_in_transaction_session_timeout` on the claiming
+    /// connection: a transaction opened ahead of a claim is ended before
+    /// half of it has passed.
+    pub(crate) claim_timeout: Duration,
 }
 
 impl SessionSettings {
@@ -53,7 +57,8 @@ impl SessionSettings {
         format!(
             "SET jit = off; SET enable_sort = off; SET enable_bitmapscan = off; \
              SET idle_in_transaction_session_timeout = '{}ms'; SET statement_timeout = '{}ms'; \
-             SET idle_session_timeout = '{}ms'; SET application_name = 'outbox-relay'",
+             SET idle_session_timeout = '{}ms'; SET application_name = 'outbox-relay'; \
+             SET plan_cache_mode = force_generic_plan",
             claim_timeout.as_millis().max(1),
             statement_timeout.as_millis().max(1),
             lease.as_millis().max(1)
@@ -73,6 +78,12 @@ pub(crate) struct WorkerSession {
     /// When the connection was last used: past the lease the server has
     /// ended it (`idle_session_timeout`).
     last_used: Option<Instant>,
+    /// When the transaction for the next claim was opened, if one is open
+    /// on the connection: after a full batch its `COMMIT` and the next
+    /// `BEGIN` go in one round trip (the worker claims again at once). It
+    /// is empty (no snapshot, no locks, no transaction id) until the
+    /// claim runs in it.
+    begun: Option<Instant>,
 }
 
 impl std::fmt::Debug for WorkerSession {
@@ -80,6 +91,7 @@ impl std::fmt::Debug for WorkerSession {
         f.debug_struct("WorkerSession")
             .field("connected", &self.conn.is_some())
             .field("owned", &self.owned.len())
+            .field("begun", &self.begun.is_some())
             .finish()
     }
 }
@@ -116,6 +128,16 @@ impl WorkerSession {
         let due = self
             .last_rebalance
             .is_none_or(|at| at.elapsed() >= settings.rebalance_interval);
+        // An empty transaction opened ahead of this claim ends first when
+        // the rebalance runs (its writes must not wait for the batch) or
+        // when it has been open long enough to meet the server's idle
+        // timeout before the claim is done.
+        let stale = self
+            .begun
+            .is_some_and(|at| at.elapsed() >= settings.claim_timeout / 2);
+        if self.begun.is_some() && (due || stale) {
+            self.end_begun(settings, worker).await?;
+        }
         if due {
             let result = self.rebalance(sql, settings, partitions, worker).await;
             if result.is_err() {
@@ -129,7 +151,46 @@ impl WorkerSession {
     /// The session is gone (an error on its connection): so are its locks.
     pub(crate) fn lose(&mut self, settings: &SessionSettings, worker: Uuid) {
         self.conn = None;
+        self.begun = None;
         self.forget_partitions(settings, worker);
+    }
+
+    /// Ends the empty transaction opened ahead of a claim, if any.
+    pub(crate) async fn end_begun(
+        &mut self,
+        settings: &SessionSettings,
+        worker: Uuid,
+    ) -> Result<(), StoreError> {
+        if self.begun.take().is_none() {
+            return Ok(());
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let ended = sqlx::raw_sql("COMMIT").execute(conn).await;
+        if let Err(error) = ended {
+            self.lose(settings, worker);
+            return Err(StoreError::new("end the transaction opened ahead")(error));
+        }
+        Ok(())
+    }
+
+    /// Takes the connection for a claim: whether a transaction is already
+    /// open on it (opened by the previous batch's `COMMIT; BEGIN`).
+    pub(crate) fn take_for_claim(&mut self) -> (PgConnection, bool) {
+        let conn = self.conn.take().expect("prepared connection");
+        (conn, self.begun.take().is_some())
+    }
+
+    /// The connection back after a claim ended well; `begun` when its
+    /// last round trip opened the next claim's transaction. The session's
+    /// idle clock starts now (not at the claim's start: a long publish is
+    /// not idleness).
+    pub(crate) fn give_back(&mut self, conn: PgConnection, begun: bool) {
+        let now = Instant::now();
+        self.conn = Some(conn);
+        self.last_used = Some(now);
+        self.begun = begun.then_some(now);
     }
 
     fn forget_partitions(&mut self, settings: &SessionSettings, worker: Uuid) {
