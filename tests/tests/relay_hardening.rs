@@ -541,3 +541,93 @@ async fn a_claim_stuck_behind_a_table_lock_times_out_and_the_relay_goes_on_after
     );
     db.drop_schema().await;
 }
+
+/// Claims of more than `fits` events are cancelled by a (real) statement
+/// timeout, as a claim over a large backlog on a loaded server would be;
+/// every size asked for is recorded.
+struct TimingOutClaims {
+    inner: PgRelayStore,
+    fits: usize,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl RelayStore for TimingOutClaims {
+    type Batch = <PgRelayStore as RelayStore>::Batch;
+    type Listener = <PgRelayStore as RelayStore>::Listener;
+
+    async fn claim(&self, limit: usize) -> Result<Self::Batch, StoreError> {
+        self.asked.lock().unwrap().push(limit);
+        if limit > self.fits {
+            let mut tx = self.inner.pool().begin().await.unwrap();
+            sqlx::query("SET LOCAL statement_timeout = '10ms'")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            let source = sqlx::query("SELECT pg_sleep(5)")
+                .execute(&mut *tx)
+                .await
+                .expect_err("pg_sleep(5) outlives a 10 ms statement timeout");
+            return Err(StoreError {
+                operation: "claim",
+                source,
+            });
+        }
+        self.inner.claim(limit).await
+    }
+
+    async fn heartbeat(&self, worker_id: uuid::Uuid, waiting: bool) -> Result<(), StoreError> {
+        self.inner.heartbeat(worker_id, waiting).await
+    }
+
+    async fn deregister(&self, relay_id: uuid::Uuid) -> Result<(), StoreError> {
+        self.inner.deregister(relay_id).await
+    }
+
+    async fn listener(&self) -> Result<Self::Listener, StoreError> {
+        self.inner.listener().await
+    }
+
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        self.inner.stats().await
+    }
+}
+
+#[tokio::test]
+async fn a_claim_cancelled_by_the_statement_timeout_is_retried_smaller_and_grows_back() {
+    let db = TestDb::new().await;
+    emit_ticks(&db.pool, &db.outbox, 4, 100, 100).await;
+    let config = RelayConfig {
+        batch_size: 100,
+        error_backoff: Duration::from_millis(20),
+        ..fast_config()
+    };
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = TimingOutClaims {
+        inner: store(&db, &config),
+        fits: 25,
+        asked: std::sync::Arc::clone(&asked),
+    };
+    let transport = RecordingTransport::new();
+    let relay = Relay::start(store, transport.clone(), config, "shrinking-claims")
+        .await
+        .unwrap();
+    wait::until("every event published", Duration::from_secs(30), || async {
+        count(&db, "published").await == 400
+    })
+    .await;
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    let asked = asked.lock().unwrap().clone();
+    // Full size, cancelled; half, cancelled; a quarter goes through.
+    assert_eq!(&asked[..3], &[100, 50, 25], "sizes asked: {asked:?}");
+    // After a run of good claims it tries twice as many again (and shrinks
+    // again when that is cancelled): it never stays small for good.
+    assert!(
+        asked[3..].contains(&50),
+        "the claim size never grew back: {asked:?}"
+    );
+    let by_aggregate = versions_by_aggregate(&transport.published());
+    for versions in by_aggregate.values() {
+        assert_eq!(versions, &(1..=100).collect::<Vec<i64>>());
+    }
+    db.drop_schema().await;
+}

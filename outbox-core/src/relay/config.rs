@@ -112,7 +112,9 @@ pub struct RelayConfig {
     /// Upper bound for each statement of a claim transaction (default
     /// 30 s): a claim that waits on a lock longer (a migration holding the
     /// outbox table) fails, rolls back and is retried after
-    /// `error_backoff`, so a worker never hangs on the database.
+    /// `error_backoff`, so a worker never hangs on the database. A claim
+    /// cancelled this way is retried at half its size (down to one event),
+    /// and the size doubles back after ten claims in a row go through.
     pub statement_timeout: Duration,
     /// Partition ownership: a worker whose claiming session stays idle
     /// between claims this long (stalled, say) is cut off by PostgreSQL

@@ -10,6 +10,7 @@
 
 pub mod config;
 pub use crate::failpoint;
+mod claim_size;
 mod health;
 pub mod retention;
 pub mod store;

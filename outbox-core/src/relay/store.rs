@@ -26,6 +26,15 @@ impl StoreError {
     pub(crate) fn new(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
         move |source| StoreError { operation, source }
     }
+
+    /// Whether PostgreSQL cancelled the statement (SQLSTATE 57014: its
+    /// statement timeout, or a cancel request).
+    pub fn is_statement_timeout(&self) -> bool {
+        self.source
+            .as_database_error()
+            .and_then(|error| error.code())
+            .is_some_and(|code| code == "57014")
+    }
 }
 
 /// One claimed event with its delivery history.

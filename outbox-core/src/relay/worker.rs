@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 use uuid::Uuid;
 
+use super::claim_size::ClaimSize;
 use super::config::RelayConfig;
 use super::health::HealthState;
 use super::store::{BatchOutcome, ClaimedBatch, FailedAttempt, RelayStore};
@@ -44,6 +45,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
     }
     let mut consecutive_errors: u32 = 0;
     let mut consecutive_down: u32 = 0;
+    let mut claim_size = ClaimSize::new(config.batch_size);
     while !*shutdown.borrow() {
         // A transport that is down would fail every publish and walk the
         // events towards the failed state: claim nothing until it is back.
@@ -78,12 +80,20 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
         notified.as_mut().enable();
 
         let claim_started = Instant::now();
-        let batch = match shared.store.claim_for(worker_id, config.batch_size).await {
+        let batch = match shared.store.claim_for(worker_id, claim_size.get()).await {
             Ok(batch) => {
                 consecutive_errors = 0;
+                claim_size.succeeded();
                 batch
             }
             Err(error) => {
+                if error.is_statement_timeout() {
+                    claim_size.timed_out();
+                    tracing::warn!(
+                        claim_size = claim_size.get(),
+                        "relay claim cancelled by the statement timeout; claiming fewer events until claims go through again"
+                    );
+                }
                 consecutive_errors = consecutive_errors.saturating_add(1);
                 metrics::counter!(m::STORE_ERRORS, "schema" => shared.schema_label.clone())
                     .increment(1);
