@@ -235,9 +235,9 @@ async fn a_transaction_opened_ahead_of_a_claim_does_not_outlive_a_pause() {
         workers: 1,
         batch_size: 20,
         poll_interval: Duration::from_millis(50),
-        publish_timeout: Duration::from_millis(500),
-        claim_timeout: Duration::from_secs(1),
-        // Rebalances far apart: only the guard ends the open transaction.
+        publish_timeout: Duration::from_secs(1),
+        claim_timeout: Duration::from_secs(3),
+        // Rebalances far apart: only the pause ends the open transaction.
         lease: Duration::from_secs(30),
         rebalance_interval: Duration::from_secs(20),
         error_backoff: Duration::from_millis(300),
@@ -275,7 +275,7 @@ async fn a_transaction_opened_ahead_of_a_claim_does_not_outlive_a_pause() {
     let before = backend().await;
     assert!(before.is_some(), "the worker's backend is recorded");
     // Down for 2.5 claim timeouts: the worker sleeps and looks again.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
     transport.down.store(false, Ordering::SeqCst);
     wait::until("every event published", Duration::from_secs(20), || async {
         db.published().await == 50

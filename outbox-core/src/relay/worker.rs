@@ -57,7 +57,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
                     .transport_up(&shared.schema_label, shared.transport.name());
             }
             TransportHealth::Down { reason } => {
-                if consecutive_down == u32::MAX
+                if consecutive_down == 0
                     && let Err(error) = shared.store.pause(worker_id).await
                 {
                     tracing::warn!(%error, "relay could not pause its claiming session");

@@ -110,11 +110,23 @@ impl WorkerSession {
         partitions: i16,
         worker: Uuid,
     ) -> Result<(), StoreError> {
+        // A transaction opened ahead of this claim that has been open
+        // nearly as long as the server's idle-in-transaction limit (the
+        // worker was stalled or descheduled between two batches) has had
+        // its session ended: start a new one instead of failing on it.
+        if self
+            .begun
+            .is_some_and(|at| at.elapsed() >= settings.claim_timeout.mul_f64(0.9))
+        {
+            tracing::debug!(%worker, "relay session idled in its open transaction past the claim timeout; opening a new one");
+            self.lose(settings, worker);
+        }
         // A worker that slept past the lease (a long poll interval, no
         // events) finds its session ended by the server: start a new one
         // instead of failing a claim on the dead one.
         let margin = settings.lease.mul_f64(0.8);
         if self.conn.is_some() && self.last_used.is_some_and(|at| at.elapsed() >= margin) {
+            tracing::debug!(%worker, "relay session idled past the lease; opening a new one");
             self.lose(settings, worker);
         }
         self.last_used = Some(Instant::now());
@@ -134,8 +146,8 @@ impl WorkerSession {
             .is_none_or(|at| at.elapsed() >= settings.rebalance_interval);
         // An empty transaction opened ahead of this claim ends first when
         // the rebalance runs (its writes must not wait for the batch) or
-        // when it has been open long enough to meet the server's idle
-        // timeout before the claim is done.
+        // when it has been open long enough (half the server's limit) that
+        // the claim might not finish inside it.
         let stale = self
             .begun
             .is_some_and(|at| at.elapsed() >= settings.claim_timeout / 2);
