@@ -137,16 +137,22 @@ impl PgRelayStore {
     /// The partitions the worker `worker_id` of this process owns now
     /// (empty before its first claim).
     pub async fn owned_partitions(&self, worker_id: Uuid) -> Vec<i16> {
-        let session = self
-            .sessions
-            .lock()
-            .expect("sessions")
-            .get(&worker_id)
-            .cloned();
-        match session {
+        match self.existing_session(worker_id) {
             Some(session) => session.lock().await.owned.clone(),
             None => Vec::new(),
         }
+    }
+
+    /// The worker's session if it has claimed before.
+    fn existing_session(
+        &self,
+        worker_id: Uuid,
+    ) -> Option<std::sync::Arc<tokio::sync::Mutex<WorkerSession>>> {
+        self.sessions
+            .lock()
+            .expect("sessions")
+            .get(&worker_id)
+            .cloned()
     }
 
     fn session(&self, worker_id: Uuid) -> std::sync::Arc<tokio::sync::Mutex<WorkerSession>> {
@@ -672,13 +678,7 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn pause(&self, worker_id: Uuid) -> Result<(), StoreError> {
-        let session = self
-            .sessions
-            .lock()
-            .expect("sessions")
-            .get(&worker_id)
-            .cloned();
-        match session {
+        match self.existing_session(worker_id) {
             Some(session) => {
                 session
                     .lock()
