@@ -376,19 +376,51 @@ async fn explain_claim_shows_the_claim_the_live_workers_run() {
     db.drop_schema().await;
 }
 
-/// A store whose claim takes at least `delay`.
-#[derive(Clone)]
-struct SlowClaims {
+/// The PostgreSQL store with something done before each claim.
+struct HookedClaims {
     inner: PgRelayStore,
-    delay: Duration,
+    hook: ClaimHook,
 }
 
-impl RelayStore for SlowClaims {
+/// What [`HookedClaims`] does before a claim.
+enum ClaimHook {
+    /// Waits this long: the claim takes at least as much.
+    Delay(Duration),
+    /// Records every size asked for; claims of more than `fits` events
+    /// are cancelled by a (real) statement timeout, as a claim over a
+    /// large backlog on a loaded server would be.
+    TimeOutAbove {
+        fits: usize,
+        asked: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    },
+}
+
+impl RelayStore for HookedClaims {
     type Batch = <PgRelayStore as RelayStore>::Batch;
     type Listener = <PgRelayStore as RelayStore>::Listener;
 
     async fn claim(&self, limit: usize) -> Result<Self::Batch, StoreError> {
-        tokio::time::sleep(self.delay).await;
+        match &self.hook {
+            ClaimHook::Delay(delay) => tokio::time::sleep(*delay).await,
+            ClaimHook::TimeOutAbove { fits, asked } => {
+                asked.lock().unwrap().push(limit);
+                if limit > *fits {
+                    let mut tx = self.inner.pool().begin().await.unwrap();
+                    sqlx::query("SET LOCAL statement_timeout = '10ms'")
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    let source = sqlx::query("SELECT pg_sleep(5)")
+                        .execute(&mut *tx)
+                        .await
+                        .expect_err("pg_sleep(5) outlives a 10 ms statement timeout");
+                    return Err(StoreError {
+                        operation: "claim",
+                        source,
+                    });
+                }
+            }
+        }
         self.inner.claim(limit).await
     }
 
@@ -415,9 +447,9 @@ async fn the_batch_duration_includes_the_claim() {
     let db = TestDb::new().await;
     emit_ticks(&db.pool, &db.outbox, 1, 1, 100).await;
     let config = fast_config();
-    let slow = SlowClaims {
+    let slow = HookedClaims {
         inner: store(&db, &config),
-        delay: Duration::from_millis(300),
+        hook: ClaimHook::Delay(Duration::from_millis(300)),
     };
     let label = db.schema.as_str().to_owned();
     let transport = RecordingTransport::new();
@@ -542,56 +574,6 @@ async fn a_claim_stuck_behind_a_table_lock_times_out_and_the_relay_goes_on_after
     db.drop_schema().await;
 }
 
-/// Claims of more than `fits` events are cancelled by a (real) statement
-/// timeout, as a claim over a large backlog on a loaded server would be;
-/// every size asked for is recorded.
-struct TimingOutClaims {
-    inner: PgRelayStore,
-    fits: usize,
-    asked: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
-}
-
-impl RelayStore for TimingOutClaims {
-    type Batch = <PgRelayStore as RelayStore>::Batch;
-    type Listener = <PgRelayStore as RelayStore>::Listener;
-
-    async fn claim(&self, limit: usize) -> Result<Self::Batch, StoreError> {
-        self.asked.lock().unwrap().push(limit);
-        if limit > self.fits {
-            let mut tx = self.inner.pool().begin().await.unwrap();
-            sqlx::query("SET LOCAL statement_timeout = '10ms'")
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            let source = sqlx::query("SELECT pg_sleep(5)")
-                .execute(&mut *tx)
-                .await
-                .expect_err("pg_sleep(5) outlives a 10 ms statement timeout");
-            return Err(StoreError {
-                operation: "claim",
-                source,
-            });
-        }
-        self.inner.claim(limit).await
-    }
-
-    async fn heartbeat(&self, worker_id: uuid::Uuid, waiting: bool) -> Result<(), StoreError> {
-        self.inner.heartbeat(worker_id, waiting).await
-    }
-
-    async fn deregister(&self, relay_id: uuid::Uuid) -> Result<(), StoreError> {
-        self.inner.deregister(relay_id).await
-    }
-
-    async fn listener(&self) -> Result<Self::Listener, StoreError> {
-        self.inner.listener().await
-    }
-
-    async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        self.inner.stats().await
-    }
-}
-
 #[tokio::test]
 async fn a_claim_cancelled_by_the_statement_timeout_is_retried_smaller_and_grows_back() {
     let db = TestDb::new().await;
@@ -602,10 +584,12 @@ async fn a_claim_cancelled_by_the_statement_timeout_is_retried_smaller_and_grows
         ..fast_config()
     };
     let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let store = TimingOutClaims {
+    let store = HookedClaims {
         inner: store(&db, &config),
-        fits: 25,
-        asked: std::sync::Arc::clone(&asked),
+        hook: ClaimHook::TimeOutAbove {
+            fits: 25,
+            asked: std::sync::Arc::clone(&asked),
+        },
     };
     let transport = RecordingTransport::new();
     let relay = Relay::start(store, transport.clone(), config, "shrinking-claims")

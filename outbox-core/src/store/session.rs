@@ -151,7 +151,7 @@ impl WorkerSession {
         let stale = self
             .begun
             .is_some_and(|at| at.elapsed() >= settings.claim_timeout / 2);
-        if self.begun.is_some() && (due || stale) {
+        if due || stale {
             self.end_begun(settings, worker).await?;
         }
         if due {
