@@ -5,6 +5,8 @@
 
 /// Relay: between the broker's acks and recording the outcome.
 pub const AFTER_PUBLISH: &str = "relay::after_publish";
+/// Relay: a claim came back with events, nothing of it is published yet.
+pub const AFTER_CLAIM: &str = "relay::after_claim";
 /// Consumer: after the inbox row and the effect committed, before the
 /// broker message is acknowledged.
 pub const CONSUMER_AFTER_COMMIT: &str = "consumer::after_commit";

@@ -149,9 +149,11 @@ impl<T: Transport> Transport for Counting<T> {
 }
 
 /// Appends one line per event it is asked to publish to a file, before
-/// acknowledging: `<unix nanos> <pid> <aggregate_id> <version>`. Several
+/// acknowledging: `<unix nanos> <pid> <aggregate_id> <version> <token>`,
+/// the token being the publishing worker's fencing token
+/// ([`outbox_core::relay::fencing_token`], `-` without one). Several
 /// relay processes writing their own files give a merged timeline of what
-/// reached "the broker", by whom and when. Waits `delay` per call (a
+/// reached "the broker", by whom, under which ownership and when. Waits `delay` per call (a
 /// broker's round trip), so batches take time.
 pub struct LogTransport {
     file: Mutex<std::fs::File>,
@@ -180,10 +182,12 @@ impl Transport for LogTransport {
             .expect("a clock after 1970")
             .as_nanos();
         let pid = std::process::id();
+        let token = outbox_core::relay::fencing_token()
+            .map_or_else(|| "-".to_owned(), |token| token.to_string());
         let mut lines = String::new();
         for envelope in events {
             lines.push_str(&format!(
-                "{now} {pid} {} {}\n",
+                "{now} {pid} {} {} {token}\n",
                 envelope.aggregate_id, envelope.aggregate_version
             ));
         }

@@ -295,6 +295,189 @@ async fn a_transaction_opened_ahead_of_a_claim_does_not_outlive_a_pause() {
     db.drop_schema().await;
 }
 
+/// A worker's claims after its first run without the head check: they
+/// must never pass over a row of its partitions that something else holds
+/// locked (an operator's statement, a hand-held `SELECT … FOR UPDATE`), or
+/// the next version of that aggregate would overtake it.
+#[tokio::test]
+async fn a_row_locked_elsewhere_holds_back_its_aggregate_and_nothing_else() {
+    let db = TestDb::with_pool_size(4).await;
+    // c0 … c4, twenty versions each, interleaved: c0's first is the oldest row.
+    emit_ticks(&db.pool, &db.outbox, 5, 20, 100).await;
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT id FROM {} WHERE aggregate_id = 'c0' AND aggregate_version = 1 FOR UPDATE",
+        db.table("outbox_events")
+    )))
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+    let transport = RecordingTransport::new();
+    // A locked head's later versions still take candidate places in each
+    // claim (they are refused, not passed over): a batch larger than c0's
+    // 19 waiting versions leaves room for the others.
+    let config = RelayConfig {
+        batch_size: 30,
+        ..fast(1)
+    };
+    let relay = Relay::start(
+        outbox_core::store::PgRelayStore::new(
+            db.pool.clone(),
+            db.schema.clone(),
+            config.failed_head_policy,
+            config.claim_timeout,
+        )
+        .with_partitioning(config.lease, config.rebalance_interval),
+        transport.clone(),
+        config,
+        "locked-row",
+    )
+    .await
+    .unwrap();
+    // Several batches of the other aggregates: the first claim checks
+    // heads, the later ones run the steady claim, which meets the lock
+    // every time and gives way to the checked claim.
+    wait::until(
+        "the other aggregates published",
+        Duration::from_secs(20),
+        || async { transport.published_count() >= 80 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held: Vec<i64> = transport
+        .published()
+        .iter()
+        .filter(|e| e.aggregate_id == "c0")
+        .map(|e| e.aggregate_version)
+        .collect();
+    assert!(
+        held.is_empty(),
+        "c0 published while its first version was locked: {held:?}"
+    );
+    holder.rollback().await.unwrap();
+    wait::until("every event published", Duration::from_secs(20), || async {
+        db.published().await == 100
+    })
+    .await;
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    let mut versions: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for envelope in transport.published() {
+        versions
+            .entry(envelope.aggregate_id.clone())
+            .or_default()
+            .push(envelope.aggregate_version);
+    }
+    for (aggregate, seen) in &versions {
+        assert_eq!(seen, &(1..=20).collect::<Vec<i64>>(), "{aggregate}");
+    }
+    db.drop_schema().await;
+}
+
+/// `PgRelayStore::claim` (the claim outside a worker's session) and the
+/// workers never claim from one partition at the same time: the pooled
+/// claim gets nothing from a partition a worker owns, and a worker cannot
+/// take a partition while a pooled claim holds rows of it.
+#[tokio::test]
+async fn the_pooled_claim_and_the_workers_never_share_a_partition() {
+    use outbox_core::relay::{ClaimedBatch, RelayStore};
+    use std::sync::atomic::Ordering;
+    let db = TestDb::with_pool_size(6).await;
+    emit_ticks(&db.pool, &db.outbox, 3, 3, 100).await;
+    let config = RelayConfig {
+        batch_size: 1,
+        ..fast(1)
+    };
+    let store = || {
+        outbox_core::store::PgRelayStore::new(
+            db.pool.clone(),
+            db.schema.clone(),
+            config.failed_head_policy,
+            config.claim_timeout,
+        )
+        .with_partitioning(config.lease, config.rebalance_interval)
+    };
+    let pooled = store();
+
+    // A pooled claim first: it holds c0 … c2's first versions.
+    let held = pooled.claim(3).await.unwrap();
+    assert_eq!(held.events().len(), 3);
+    let held_partitions: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT DISTINCT partition::bigint FROM {} ORDER BY 1",
+        db.table("outbox_events")
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    // A worker starts (its transport goes down after one event, so it
+    // keeps its session and partitions but claims no more).
+    let transport = PausingTransport::default();
+    let relay = Relay::start(store(), transport.clone(), config.clone(), "pooled")
+        .await
+        .unwrap();
+    wait::until(
+        "the worker owns every partition the pooled claim does not hold",
+        Duration::from_secs(20),
+        || async { owned_partitions(&db).await == vec![256 - held_partitions.len() as i64] },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        owned_partitions(&db).await,
+        vec![256 - held_partitions.len() as i64],
+        "a worker took a partition a pooled claim holds rows of"
+    );
+    assert_eq!(
+        transport.published.load(Ordering::SeqCst),
+        0,
+        "the worker published from partitions held by the pooled claim"
+    );
+    // The pooled claim ends: the worker takes the rest and publishes once.
+    held.release().await.unwrap();
+    wait::until(
+        "the worker owns every partition",
+        Duration::from_secs(20),
+        || async { owned_partitions(&db).await == vec![256] },
+    )
+    .await;
+    wait::until(
+        "the worker's one batch",
+        Duration::from_secs(20),
+        || async { transport.published.load(Ordering::SeqCst) == 1 },
+    )
+    .await;
+    // Now the worker owns everything (and is paused): the pooled claim
+    // finds nothing, though eight events are pending.
+    let pending: i64 = db
+        .scalar("SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending'")
+        .await;
+    assert_eq!(pending, 8);
+    let empty = pooled.claim(100).await.unwrap();
+    assert!(
+        empty.events().is_empty(),
+        "the pooled claim took from partitions a worker owns: {:?}",
+        empty.events()
+    );
+    empty.release().await.unwrap();
+    // The worker stops: its session and locks go (as soon as the server
+    // has seen the connection close), and the pooled claim has all.
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    let started = Instant::now();
+    loop {
+        let all = pooled.claim(100).await.unwrap();
+        let claimed = all.events().len();
+        all.release().await.unwrap();
+        if claimed == 8 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the pooled claim still gets {claimed} of 8 after the worker stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    db.drop_schema().await;
+}
+
 struct Node(Child);
 
 impl Drop for Node {
@@ -320,26 +503,85 @@ fn signal(node: &Node, name: &str) {
     outbox_tests::faults::signal(&node.0, name);
 }
 
+/// One line of a relay process's log: a publish.
+struct Publish {
+    at: u128,
+    pid: u32,
+    aggregate: String,
+    version: i64,
+    /// The publishing worker's fencing token.
+    token: Option<u64>,
+}
+
 /// Every publish, from every process's log, in time order.
-fn merged_log(dir: &std::path::Path) -> Vec<(u128, u32, String, i64)> {
+fn merged_log(dir: &std::path::Path) -> Vec<Publish> {
     let mut lines = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
         for line in text.lines() {
             let parts: Vec<&str> = line.split(' ').collect();
-            let [at, pid, aggregate, version] = parts.as_slice() else {
+            let [at, pid, aggregate, version, token] = parts.as_slice() else {
                 panic!("a torn log line: {line:?}");
             };
-            lines.push((
-                at.parse().unwrap(),
-                pid.parse().unwrap(),
-                aggregate.to_string(),
-                version.parse().unwrap(),
-            ));
+            lines.push(Publish {
+                at: at.parse().unwrap(),
+                pid: pid.parse().unwrap(),
+                aggregate: aggregate.to_string(),
+                version: version.parse().unwrap(),
+                token: token.parse().ok(),
+            });
         }
     }
-    lines.sort_by_key(|l| l.0);
+    lines.sort_by_key(|l| l.at);
     lines
+}
+
+/// No partition was published from by two owners at once: for each
+/// partition, the time spans of its publishes under each fencing token do
+/// not overlap, and a later owner's token is larger. Returns how many
+/// owner changes the partitions saw.
+fn check_fencing(lines: &[Publish], partition_of: &HashMap<String, i16>) -> usize {
+    // partition → token → (first, last publish time, pid)
+    let mut spans: BTreeMap<i16, BTreeMap<u64, (u128, u128, u32)>> = BTreeMap::new();
+    for publish in lines {
+        let token = publish
+            .token
+            .unwrap_or_else(|| panic!("a publish without a fencing token by {}", publish.pid));
+        let partition = partition_of[&publish.aggregate];
+        let span = spans.entry(partition).or_default().entry(token).or_insert((
+            publish.at,
+            publish.at,
+            publish.pid,
+        ));
+        span.1 = publish.at;
+        assert_eq!(span.2, publish.pid, "token {token} used by two processes");
+    }
+    let mut changes = 0;
+    for (partition, by_token) in &spans {
+        let mut ordered: Vec<(u64, (u128, u128, u32))> =
+            by_token.iter().map(|(t, s)| (*t, *s)).collect();
+        ordered.sort_by_key(|(_, span)| span.0);
+        for pair in ordered.windows(2) {
+            let (earlier_token, earlier) = pair[0];
+            let (later_token, later) = pair[1];
+            assert!(
+                earlier.1 < later.0,
+                "partition {partition}: token {earlier_token} (pid {}) published until {} while token {later_token} (pid {}) began at {}",
+                earlier.2,
+                earlier.1,
+                later.2,
+                later.0
+            );
+            assert!(
+                earlier_token < later_token,
+                "partition {partition}: a later owner has an older token ({earlier_token} then {later_token})"
+            );
+            if earlier.2 != later.2 {
+                changes += 1;
+            }
+        }
+    }
+    changes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -406,13 +648,28 @@ async fn order_holds_while_relay_processes_die_stall_and_join() {
     // aggregate came in ascending order, all of them.
     let mut first_seen: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     let mut publishers: BTreeMap<u32, usize> = BTreeMap::new();
-    for (_, pid, aggregate, version) in &lines {
-        *publishers.entry(*pid).or_default() += 1;
-        let seen = first_seen.entry(aggregate.as_str()).or_default();
-        if !seen.contains(version) {
-            seen.push(*version);
+    for publish in &lines {
+        *publishers.entry(publish.pid).or_default() += 1;
+        let seen = first_seen.entry(publish.aggregate.as_str()).or_default();
+        if !seen.contains(&publish.version) {
+            seen.push(publish.version);
         }
     }
+    // One owner per partition at a time, with increasing fencing tokens.
+    let partition_of: HashMap<String, i16> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT DISTINCT aggregate_id, partition FROM {}",
+        db.table("outbox_events")
+    )))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let owner_changes = check_fencing(&lines, &partition_of);
+    assert!(
+        owner_changes > 0,
+        "no partition changed owner: nothing was tested"
+    );
     assert_eq!(first_seen.len(), 1_000);
     for (aggregate, versions) in &first_seen {
         assert_eq!(
@@ -423,7 +680,7 @@ async fn order_holds_while_relay_processes_die_stall_and_join() {
     }
     assert!(publishers.len() >= 3, "publishers: {publishers:?}");
     println!(
-        "{} publishes ({} duplicates) by {} processes; takeover after SIGKILL {crash_takeover:?}, after SIGSTOP {stall_takeover:?}",
+        "{} publishes ({} duplicates) by {} processes, {owner_changes} partition owner changes; takeover after SIGKILL {crash_takeover:?}, after SIGSTOP {stall_takeover:?}",
         lines.len(),
         lines.len() - 100_000,
         publishers.len()

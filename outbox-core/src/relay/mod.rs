@@ -11,6 +11,7 @@
 pub mod config;
 pub use crate::failpoint;
 mod claim_size;
+mod fence;
 mod health;
 pub mod retention;
 pub mod store;
@@ -27,6 +28,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 pub use config::{Backoff, FailedHeadPolicy, RelayConfig};
+pub use fence::fencing_token;
 pub use health::RelayHealth;
 pub use store::{
     BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, FailedAttempt,

@@ -86,6 +86,12 @@ pub trait ClaimedBatch: Send {
 
     /// Ends the claim without recording anything (the events stay pending).
     fn release(self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The owner's fencing token this claim was made under, if the store
+    /// has one (see [`fencing_token`](crate::relay::fencing_token)).
+    fn fencing_token(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Wakes a sleeping relay when events were committed.

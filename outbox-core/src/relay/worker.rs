@@ -134,6 +134,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
             continue;
         }
 
+        crate::failpoint::hit(crate::failpoint::AFTER_CLAIM).await;
         process(&shared, batch, claim_started).await;
         // After the batch, not before it: the flag costs a write, and a
         // stale "waiting" only makes emitters send a NOTIFY too many.
@@ -181,7 +182,15 @@ async fn process<S: RelayStore, T: Transport>(
     let plan = waves::plan(events);
     let mut blocked_runs = vec![false; plan.runs];
     let mut outcome = BatchOutcome::default();
-    let deadline = tokio::time::Instant::now() + config.publish_timeout;
+    // The publish timeout, and a hard limit: no wave starts once the claim
+    // timeout has passed since the claim was sent. PostgreSQL ends an idle
+    // claim transaction no earlier than that (its clock starts when the
+    // claim statement finished, after it was sent), and only then can
+    // another worker own these events' partitions. So a worker stalled
+    // anywhere after its claim, even before it read the clock here, sends
+    // nothing once another may be publishing the same aggregates.
+    let fence = tokio::time::Instant::from_std(started + config.claim_timeout);
+    let deadline = (tokio::time::Instant::now() + config.publish_timeout).min(fence);
     let span = tracing::debug_span!(
         "outbox.relay.batch",
         events = events.len(),
@@ -208,17 +217,21 @@ async fn process<S: RelayStore, T: Transport>(
         let envelopes: Vec<&Envelope> = indices.iter().map(|&i| &events[i].envelope).collect();
         metrics::counter!(m::PUBLISH_ATTEMPTS, "schema" => schema.clone(), "transport" => transport)
             .increment(envelopes.len() as u64);
-        let results =
-            match tokio::time::timeout_at(deadline, shared.transport.publish(&envelopes)).await {
-                Ok(results) => results,
-                Err(_) => vec![
-                    Err(PublishFailure::retryable(format!(
-                        "publish did not finish within {:?}",
-                        config.publish_timeout
-                    )));
-                    envelopes.len()
-                ],
-            };
+        let results = match tokio::time::timeout_at(
+            deadline,
+            super::fence::publishing(batch.fencing_token(), shared.transport.publish(&envelopes)),
+        )
+        .await
+        {
+            Ok(results) => results,
+            Err(_) => vec![
+                Err(PublishFailure::retryable(format!(
+                    "publish did not finish within {:?}",
+                    config.publish_timeout
+                )));
+                envelopes.len()
+            ],
+        };
         for (position, &index) in indices.iter().enumerate() {
             let event = &events[index];
             let result = results.get(position).cloned().unwrap_or_else(|| {

@@ -2,12 +2,21 @@
 //! figures and retention.
 //!
 //! Claim lifetime: the claiming transaction stays open while the batch is
-//! published. Row locks (`FOR UPDATE SKIP LOCKED`) and per-aggregate
-//! advisory locks (`pg_try_advisory_xact_lock`) keep other workers off the
-//! batch and off its aggregates; they die with the transaction, so a relay
-//! that crashes or loses its connection releases everything at once, and a
-//! relay that hangs is cut off by `idle_in_transaction_session_timeout`
-//! (the configured claim timeout). No lease column, no sweeper.
+//! published; its row locks die with it, so a relay that crashes or loses
+//! its connection releases everything at once, and a relay that hangs is
+//! cut off by `idle_in_transaction_session_timeout` (the configured claim
+//! timeout). No lease column, no sweeper.
+//!
+//! Who claims what: a relay worker claims on its own session, only from the
+//! partitions whose ownership lock that session holds (see
+//! `session.rs`). [`RelayStore::claim`] on this store, the claim outside a
+//! worker, takes rows with `FOR UPDATE SKIP LOCKED`, keeps other such
+//! claims off its aggregates with per-aggregate advisory locks
+//! (`pg_try_advisory_xact_lock`), and stays off owned partitions: it holds
+//! each candidate's partition lock shared for its transaction, which fails
+//! while a worker owns the partition and keeps workers from taking it
+//! until the claim ends (so while workers own every partition it claims
+//! nothing).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -85,7 +94,7 @@ impl PgRelayStore {
                 ),
                 lease: DEFAULT_LEASE,
                 rebalance_interval: DEFAULT_REBALANCE_INTERVAL,
-                namespace: lock_namespace(&schema) ^ 0x5EED_0F0B,
+                namespace: lock_namespace(&schema) ^ super::sql::OWNERSHIP_SALT,
                 label: schema.as_str().to_owned(),
                 claim_timeout,
             },
@@ -211,14 +220,36 @@ impl PgRelayStore {
                     .await
                     .map_err(StoreError::new("begin claim"))?;
             }
-            let claim = if all {
-                sqlx::query(AssertSqlSafe(self.sql.claim_alone.as_str())).bind(self.lock_namespace)
-            } else {
-                sqlx::query(AssertSqlSafe(self.sql.claim_owned.as_str())).bind(&session.owned)
+            let run = |steady: bool| {
+                let sql = match (steady, all) {
+                    (false, true) => &self.sql.claim_checked_all,
+                    (false, false) => &self.sql.claim_checked_owned,
+                    (true, true) => &self.sql.claim_steady_all,
+                    (true, false) => &self.sql.claim_steady_owned,
+                };
+                sqlx::query(AssertSqlSafe(sql.as_str()))
+                    .bind(&session.owned)
+                    .bind(limit as i64)
+                    .bind(self.skip_failed_heads)
             };
-            claim
-                .bind(limit as i64)
-                .bind(self.skip_failed_heads)
+            if session.steady {
+                match run(true).fetch_all(&mut conn).await {
+                    Ok(rows) => return Ok(rows),
+                    // A row of its partitions is locked by something other
+                    // than a claim of this worker (an operator's statement,
+                    // a hand-held lock): the steady claim does not pass
+                    // over it, this batch takes the checked claim instead.
+                    Err(error) if is_lock_not_available(&error) => {
+                        tracing::debug!(%worker_id, "a row of the worker's partitions is locked elsewhere; checked claim");
+                        sqlx::raw_sql("ROLLBACK; BEGIN")
+                            .execute(&mut conn)
+                            .await
+                            .map_err(StoreError::new("begin claim"))?;
+                    }
+                    Err(error) => return Err(StoreError::new("claim")(error)),
+                }
+            }
+            run(false)
                 .fetch_all(&mut conn)
                 .await
                 .map_err(StoreError::new("claim"))
@@ -240,6 +271,7 @@ impl PgRelayStore {
             }
         };
         let full = events.len() >= limit;
+        session.steady = true;
         Ok(PgClaim {
             tx: ClaimTx::Session { conn, session },
             events,
@@ -293,8 +325,10 @@ impl PgRelayStore {
     /// BUFFERS, FORMAT JSON)`, in a transaction with the claim's settings
     /// that is rolled back (nothing is claimed or marked), and returns the
     /// plan. Which claim that is depends on the live relay workers: with
-    /// two or more, the shared claim (advisory locks); otherwise the lone
-    /// worker's. Operators use it to see that the claim walks the pending
+    /// two or more, the shared claim (per-aggregate advisory locks);
+    /// otherwise the lone worker's, as it runs after taking its partitions
+    /// (its later claims are the same without the count for the fast
+    /// path). Operators use it to see that the claim walks the pending
     /// index and how many buffers it touches (dead tuples and a held xmin
     /// horizon show up here first).
     ///
@@ -310,9 +344,9 @@ impl PgRelayStore {
             .await
             .map_err(StoreError::new("count live relay workers"))?;
         let (variant, claim) = if live >= 2 {
-            (ClaimVariant::Shared, &self.sql.claim_shared)
+            (ClaimVariant::Shared, &self.sql.explain_shared)
         } else {
-            (ClaimVariant::Alone, &self.sql.claim_alone)
+            (ClaimVariant::Alone, &self.sql.claim_checked_all)
         };
         let mut transaction = self
             .pool
@@ -320,8 +354,12 @@ impl PgRelayStore {
             .await
             .map_err(StoreError::new("begin explain"))?;
         let sql = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}");
-        let plan: serde_json::Value = sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(self.lock_namespace)
+        let query = sqlx::query_scalar(AssertSqlSafe(sql));
+        let query = match variant {
+            ClaimVariant::Shared => query.bind(self.lock_namespace),
+            ClaimVariant::Alone => query.bind(Vec::<i16>::new()),
+        };
+        let plan: serde_json::Value = query
             .bind(limit as i64)
             .bind(self.skip_failed_heads)
             .fetch_one(&mut *transaction)
@@ -385,12 +423,14 @@ fn begin_claim(claim_timeout: Duration, statement_timeout: Duration) -> String {
     )
 }
 
-/// Which claim statement a relay worker runs.
+/// Which claim statement [`PgRelayStore::explain_claim`] explained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimVariant {
-    /// A lone live worker: no advisory locks.
+    /// A lone live worker owning every partition: no advisory locks.
     Alone,
-    /// Several live workers: each candidate aggregate's advisory lock.
+    /// Several live workers: the claim with each candidate aggregate's
+    /// advisory lock (the claim outside a worker's session, which also
+    /// stays off partitions a worker owns).
     Shared,
 }
 
@@ -471,6 +511,14 @@ impl ClaimPlan {
     }
 }
 
+/// PostgreSQL refused a row lock at once (SQLSTATE 55P03, `NOWAIT`).
+fn is_lock_not_available(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|code| code == "55P03")
+}
+
 /// The advisory lock namespace of a schema, so relays of different
 /// schemas in one database never contend.
 fn lock_namespace(schema: &SchemaName) -> i32 {
@@ -511,6 +559,13 @@ enum ClaimTx {
 impl ClaimedBatch for PgClaim {
     fn events(&self) -> &[ClaimedEvent] {
         &self.events
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        match &self.tx {
+            ClaimTx::Session { session, .. } => session.fencing_token,
+            ClaimTx::Pooled(_) | ClaimTx::Idle => None,
+        }
     }
 
     async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {

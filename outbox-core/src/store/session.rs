@@ -78,6 +78,13 @@ pub(crate) struct WorkerSession {
     pub(crate) conn: Option<PgConnection>,
     /// Partitions whose lock this session holds, ascending.
     pub(crate) owned: Vec<i16>,
+    /// A claim that checked each aggregate's head ran since `owned` last
+    /// grew: the next claims take the steady statement.
+    pub(crate) steady: bool,
+    /// The transaction id of the rebalance in which this session last
+    /// took partitions: its claims' fencing token (see
+    /// [`crate::relay::fencing_token`]).
+    pub(crate) fencing_token: Option<u64>,
     last_rebalance: Option<Instant>,
     /// When the connection was last used: past the lease the server has
     /// ended it (`idle_session_timeout`).
@@ -211,6 +218,8 @@ impl WorkerSession {
 
     fn forget_partitions(&mut self, settings: &SessionSettings, worker: Uuid) {
         self.owned.clear();
+        self.steady = false;
+        self.fencing_token = None;
         self.last_rebalance = None;
         owned_gauge(settings, worker, 0);
     }
@@ -252,15 +261,21 @@ impl WorkerSession {
         if give_up.is_empty() && take.is_empty() {
             return Ok(());
         }
-        let (taken, _): (Vec<i16>, i64) = sqlx::query_as(AssertSqlSafe(sql.rebalance.as_str()))
-            .bind(settings.namespace)
-            .bind(&give_up)
-            .bind(&take)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(StoreError::new("rebalance relay partitions"))?;
+        let (taken, _, xid): (Vec<i16>, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(sql.rebalance.as_str()))
+                .bind(settings.namespace)
+                .bind(&give_up)
+                .bind(&take)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(StoreError::new("rebalance relay partitions"))?;
         let before = self.owned.len();
         self.owned.retain(|p| give_up.binary_search(p).is_err());
+        if !taken.is_empty() {
+            // Its first claim checks the newly owned partitions' heads.
+            self.steady = false;
+            self.fencing_token = Some(xid as u64);
+        }
         self.owned.extend(taken);
         self.owned.sort_unstable();
         if !give_up.is_empty() || self.owned.len() != before {

@@ -7,6 +7,10 @@
 
 use super::schema::SchemaName;
 
+/// Mixed into a schema's lock namespace for the partition ownership locks,
+/// so they never collide with the per-aggregate claim locks.
+pub(crate) const OWNERSHIP_SALT: i32 = 0x5EED_0F0B;
+
 /// A one-row relation that sends NOTIFY only while some relay sleeps
 /// waiting for it (and has shown signs of life recently). A notifying
 /// commit takes PostgreSQL's global notify lock and serializes with every
@@ -227,16 +231,34 @@ impl EmitSql {
 pub(crate) struct RelaySql {
     /// Claims due events in insertion order, for each aggregate only a
     /// prefix starting at its oldest pending version, skipping aggregates
-    /// that another worker holds and the later events of blocked
-    /// aggregates; locked until the claim transaction ends, and marked
-    /// published in that transaction. Binds: lock namespace (int4), limit
+    /// that another claim holds, the later events of blocked aggregates,
+    /// and the partitions a relay worker owns; locked until the claim
+    /// transaction ends, and marked published in that transaction. For
+    /// [`RelayStore::claim`](crate::relay::RelayStore::claim) callers
+    /// outside a worker's session. Binds: lock namespace (int4), limit
     /// (int8), whether failed heads are skipped (bool).
     pub(crate) claim_shared: String,
-    /// As `claim_shared` without the advisory locks, for a lone worker.
+    /// As `claim_shared` without the per-aggregate advisory locks, when no
+    /// other worker is live.
     pub(crate) claim_alone: String,
-    /// As `claim_alone`, only from the partitions the worker owns. Binds:
-    /// owned partitions (int2[]), limit, whether failed heads are skipped.
-    pub(crate) claim_owned: String,
+    /// `claim_shared` without the partition locks, for `explain_claim`.
+    pub(crate) explain_shared: String,
+    /// A worker's first claim after its set of partitions grew, over
+    /// every partition (it owns them all): skips locked rows and checks
+    /// each aggregate's head unless nothing was skipped. Binds: owned
+    /// partitions (int2[], unused), limit, whether failed heads are skipped.
+    pub(crate) claim_checked_all: String,
+    /// As `claim_checked_all`, only from the owned partitions ($1).
+    pub(crate) claim_checked_owned: String,
+    /// A worker's claim while its partitions are unchanged since a
+    /// checked claim: nobody else claims from them, so it takes the first
+    /// due rows in `seq` order without the head check. It never passes
+    /// over a locked row: one locked elsewhere fails it at once (`NOWAIT`,
+    /// SQLSTATE 55P03) and the batch takes the checked claim. Binds as
+    /// `claim_checked_all`.
+    pub(crate) claim_steady_all: String,
+    /// As `claim_steady_all`, only from the owned partitions ($1).
+    pub(crate) claim_steady_owned: String,
     /// Refreshes a worker's membership row (heartbeat, backend pid, owned
     /// partitions) and returns the live workers' ids in order, itself
     /// included: recent heartbeat and a session that still exists. Binds:
@@ -244,7 +266,8 @@ pub(crate) struct RelaySql {
     pub(crate) membership: String,
     /// Takes the ownership locks of partitions and gives up others, on the
     /// worker's claiming connection. Binds: lock namespace, partitions to
-    /// give up, partitions to take; returns those taken and the count given up.
+    /// give up, partitions to take; returns those taken, the count given
+    /// up, and the statement's transaction id (the fencing token).
     pub(crate) rebalance: String,
     /// The partition count fixed at migration. No binds.
     pub(crate) partitions: String,
@@ -278,7 +301,15 @@ pub(crate) struct RelaySql {
 impl RelaySql {
     pub(crate) fn new(schema: &SchemaName) -> RelaySql {
         let s = schema.quoted();
-        let claim = |lock: &str, scope: &str| {
+        let claim = |lock: &str, scope: &str, kind: ClaimKind| {
+            let (row_lock, gap_free, fast_path) = match kind {
+                ClaimKind::Checked => (
+                    "FOR UPDATE OF e SKIP LOCKED",
+                    gap_free(&s, scope),
+                    "(SELECT complete FROM gap_free)\n                        AND ",
+                ),
+                ClaimKind::Steady => ("FOR UPDATE OF e NOWAIT", String::new(), ""),
+            };
             format!(
             "WITH blocking AS MATERIALIZED (
                 -- Blocked aggregates whose head still blocks: retrying, or
@@ -301,36 +332,21 @@ impl RelaySql {
 {lock}
                 ORDER BY e.seq
                 LIMIT $2
-                FOR UPDATE OF e SKIP LOCKED
+                {row_lock}
             ),
-            -- Fast path: when the candidates are every pending row up to the
-            -- last one taken (nothing was skipped: no lock held elsewhere, no
-            -- retrying or blocked row in between), each candidate aggregate's
-            -- pending rows below it are candidates too, and the per-aggregate
-            -- check below is not needed. One short scan of the pending index
-            -- instead of one index descent per aggregate. It relies on seq
-            -- following the version within an aggregate, which emit keeps
-            -- (carried versions below an unpublished one are refused, a batch
-            -- is written in version order); as a guard, an aggregate whose
-            -- candidate versions are not consecutive takes the full check.
-            gap_free AS (
-                SELECT count(*) = (SELECT count(*) FROM candidates) AS complete
-                FROM {s}.outbox_events o
-                WHERE o.status = 'pending' AND o.seq <= (SELECT max(seq) FROM candidates){scope}
-            ),
-            heads AS (
-                -- The advisory lock keeps two workers off one aggregate, but
-                -- within one scan a lock refused for version k can be granted
-                -- for version k+1 a moment later (the holder committed in
+{gap_free}            heads AS (
+                -- A checked claim skips rows locked elsewhere, and within
+                -- one scan a row refused for version k can be free for
+                -- version k+1 a moment later (its holder committed in
                 -- between). So an aggregate's candidates go only if nothing
                 -- unpublished precedes them (one index descent) and no
                 -- unpublished version lies between them (free when their
-                -- versions are consecutive).
+                -- versions are consecutive). A steady claim skips nothing:
+                -- only non-consecutive versions take the check.
                 SELECT array_agg(c.id) AS ids
                 FROM candidates c
                 GROUP BY c.aggregate_type, c.aggregate_id
-                HAVING ((SELECT complete FROM gap_free)
-                        AND max(c.aggregate_version) - min(c.aggregate_version) + 1 = count(*))
+                HAVING ({fast_path}max(c.aggregate_version) - min(c.aggregate_version) + 1 = count(*))
                     OR (NOT EXISTS (
                         SELECT 1 FROM {s}.outbox_events o
                         WHERE o.aggregate_type = c.aggregate_type AND o.aggregate_id = c.aggregate_id
@@ -369,22 +385,44 @@ impl RelaySql {
                       e.attempt_count - 1 AS attempt_count"
         )
         };
-        // Several live workers: each takes the aggregates no other holds
-        // (transaction advisory locks), so they work side by side. A lone
-        // worker skips the locks; order never depends on them (the head
-        // check above guarantees it).
+        // Outside a worker's session (`RelayStore::claim`): only from
+        // partitions no worker owns (a shared transaction lock on each
+        // candidate's partition fails while a worker holds it, and keeps
+        // workers from taking it until this claim ends), and with other
+        // live claimers only the aggregates no other claim holds
+        // (transaction advisory locks). Order never depends on these
+        // locks: the head check guarantees it.
+        let yield_to_owners = format!(
+            "                  AND pg_try_advisory_xact_lock_shared($1 # {OWNERSHIP_SALT}, e.partition::integer)"
+        );
         let claim_shared = claim(
+            &format!(
+                "{yield_to_owners}\n                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))"
+            ),
+            "",
+            ClaimKind::Checked,
+        );
+        let claim_alone = claim(&yield_to_owners, "", ClaimKind::Checked);
+        // What `explain_claim` shows for several live workers: the shared
+        // claim without the partition locks, which would make it read past
+        // every row of an owned partition and claim nothing while workers
+        // own them all (explaining rolls back, so it never keeps a row).
+        let explain_shared = claim(
             "                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))",
             "",
+            ClaimKind::Checked,
         );
-        let claim_alone = claim("                  AND $1::integer IS NOT NULL", "");
-        // A worker that owns partitions: only their events, and the fast
-        // path's count only over them. Nobody else claims from them (the
-        // ownership lock lives on this connection), so no per-row lock.
-        let claim_owned = claim(
-            "                  AND e.partition = ANY($1::smallint[])",
-            " AND o.partition = ANY($1::smallint[])",
-        );
+        // A worker's session: only the partitions it owns (all of them: no
+        // filter), and the fast path's count only over them. Nobody else
+        // claims from them (the ownership lock lives on this connection),
+        // so no per-row lock.
+        let every_partition = "                  AND $1::smallint[] IS NOT NULL";
+        let owned = "                  AND e.partition = ANY($1::smallint[])";
+        let owned_scope = " AND o.partition = ANY($1::smallint[])";
+        let claim_checked_all = claim(every_partition, "", ClaimKind::Checked);
+        let claim_checked_owned = claim(owned, owned_scope, ClaimKind::Checked);
+        let claim_steady_all = claim(every_partition, "", ClaimKind::Steady);
+        let claim_steady_owned = claim(owned, "", ClaimKind::Steady);
         let complete = format!(
             "WITH failures AS (
                 SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[],
@@ -496,16 +534,24 @@ impl RelaySql {
                 UNION ALL SELECT $1
             ) AS live"
         );
+        // The transaction id is the fencing token of what it took: ids are
+        // handed out in increasing order, and a partition is free only
+        // after its previous owner let go.
         let rebalance = "SELECT ARRAY(SELECT p FROM unnest($3::smallint[]) AS p
                                 WHERE pg_try_advisory_lock($1, p::integer))::smallint[],
                           (SELECT count(*) FROM unnest($2::smallint[]) AS p
-                           WHERE pg_advisory_unlock($1, p::integer))"
+                           WHERE pg_advisory_unlock($1, p::integer)),
+                          pg_current_xact_id()::text::bigint"
             .to_owned();
         let partitions = format!("SELECT partitions FROM {s}.outbox_partitioning");
         RelaySql {
             claim_shared,
             claim_alone,
-            claim_owned,
+            explain_shared,
+            claim_checked_all,
+            claim_checked_owned,
+            claim_steady_all,
+            claim_steady_owned,
             membership,
             rebalance,
             partitions,
@@ -519,4 +565,42 @@ impl RelaySql {
             purge_keys,
         }
     }
+}
+
+/// How a claim makes sure each aggregate's claimed events start at its
+/// oldest pending version.
+#[derive(Debug, Clone, Copy)]
+enum ClaimKind {
+    /// Locked rows are skipped, so a skipped row may precede a candidate of
+    /// its aggregate: each aggregate's head is checked, unless the
+    /// candidates are every pending row up to the last one (the fast path).
+    Checked,
+    /// Nobody else claims from the scanned rows (the worker owns their
+    /// partitions and its set did not change since a checked claim), and a
+    /// row locked elsewhere fails the claim instead of being skipped
+    /// (`NOWAIT`): the candidates are the first due rows in `seq` order and
+    /// each aggregate's begin at its oldest pending version; only the guard
+    /// for non-consecutive versions remains.
+    Steady,
+}
+
+/// The fast path's test for a checked claim, as a CTE.
+fn gap_free(s: &str, scope: &str) -> String {
+    format!(
+        "            -- Fast path: when the candidates are every pending row up to the
+            -- last one taken (nothing was skipped: no lock held elsewhere, no
+            -- retrying or blocked row in between), each candidate aggregate's
+            -- pending rows below it are candidates too, and the per-aggregate
+            -- check below is not needed. One short scan of the pending index
+            -- instead of one index descent per aggregate. It relies on seq
+            -- following the version within an aggregate, which emit keeps
+            -- (carried versions below an unpublished one are refused, a batch
+            -- is written in version order); as a guard, an aggregate whose
+            -- candidate versions are not consecutive takes the full check.
+            gap_free AS (
+                SELECT count(*) = (SELECT count(*) FROM candidates) AS complete
+                FROM {s}.outbox_events o
+                WHERE o.status = 'pending' AND o.seq <= (SELECT max(seq) FROM candidates){scope}
+            ),\n"
+    )
 }
