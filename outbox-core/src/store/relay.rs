@@ -213,6 +213,7 @@ impl PgRelayStore {
         }
         let (mut conn, begun) = session.take_for_claim();
         let all = session.owned.len() == partitions as usize;
+        let owned = partition_bitmap(&session.owned, partitions);
         let result = async {
             if !begun {
                 sqlx::raw_sql("BEGIN")
@@ -228,7 +229,7 @@ impl PgRelayStore {
                     (true, false) => &self.sql.claim_steady_owned,
                 };
                 sqlx::query(AssertSqlSafe(sql.as_str()))
-                    .bind(&session.owned)
+                    .bind(&owned)
                     .bind(limit as i64)
                     .bind(self.skip_failed_heads)
             };
@@ -357,7 +358,7 @@ impl PgRelayStore {
         let query = sqlx::query_scalar(AssertSqlSafe(sql));
         let query = match variant {
             ClaimVariant::Shared => query.bind(self.lock_namespace),
-            ClaimVariant::Alone => query.bind(Vec::<i16>::new()),
+            ClaimVariant::Alone => query.bind(Vec::<u8>::new()),
         };
         let plan: serde_json::Value = query
             .bind(limit as i64)
@@ -509,6 +510,17 @@ impl ClaimPlan {
             .and_then(|p| p.get("Plan"))
             .is_some_and(walk)
     }
+}
+
+/// The partitions as the claim takes them: bit `p` (bit `p % 8` of byte
+/// `p / 8`, as PostgreSQL's `get_bit` on `bytea` counts) set for each.
+fn partition_bitmap(owned: &[i16], partitions: i16) -> Vec<u8> {
+    let mut bits = vec![0u8; (partitions.max(1) as usize).div_ceil(8)];
+    for &partition in owned.iter().filter(|p| (0..partitions).contains(*p)) {
+        let p = partition as usize;
+        bits[p / 8] |= 1 << (p % 8);
+    }
+    bits
 }
 
 /// PostgreSQL refused a row lock at once (SQLSTATE 55P03, `NOWAIT`).
@@ -851,4 +863,22 @@ fn decode_claimed(row: &sqlx::postgres::PgRow) -> Result<ClaimedEvent, sqlx::Err
         },
         attempts: attempts.max(0) as u32,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partition_bitmap;
+
+    #[test]
+    fn the_partition_bitmap_sets_bit_p_mod_8_of_byte_p_div_8() {
+        let bits = partition_bitmap(&[0, 9, 255], 256);
+        assert_eq!(bits.len(), 32);
+        assert_eq!(bits[0], 0b0000_0001);
+        assert_eq!(bits[1], 0b0000_0010);
+        assert_eq!(bits[31], 0b1000_0000);
+        assert_eq!(bits.iter().map(|b| b.count_ones()).sum::<u32>(), 3);
+        // Out of range partitions are ignored, a count not divisible by 8 rounds up.
+        assert_eq!(partition_bitmap(&[-1, 12], 10), vec![0, 0]);
+        assert_eq!(partition_bitmap(&[9], 10), vec![0, 0b10]);
+    }
 }

@@ -246,7 +246,8 @@ pub(crate) struct RelaySql {
     /// A worker's first claim after its set of partitions grew, over
     /// every partition (it owns them all): skips locked rows and checks
     /// each aggregate's head unless nothing was skipped. Binds: owned
-    /// partitions (int2[], unused), limit, whether failed heads are skipped.
+    /// partitions (bytea bitmap, unused here), limit, whether failed heads
+    /// are skipped.
     pub(crate) claim_checked_all: String,
     /// As `claim_checked_all`, only from the owned partitions ($1).
     pub(crate) claim_checked_owned: String,
@@ -416,9 +417,14 @@ impl RelaySql {
         // filter), and the fast path's count only over them. Nobody else
         // claims from them (the ownership lock lives on this connection),
         // so no per-row lock.
-        let every_partition = "                  AND $1::smallint[] IS NOT NULL";
-        let owned = "                  AND e.partition = ANY($1::smallint[])";
-        let owned_scope = " AND o.partition = ANY($1::smallint[])";
+        // The owned partitions come as a bitmap (bit p of the bytea set for
+        // partition p): one bit test per row read, where `= ANY(array)` of a
+        // bound array compares with each element in turn (the claim reads
+        // past the other workers' rows in seq order, about three of four
+        // with four workers; measured: half the time per row passed over).
+        let every_partition = "                  AND $1::bytea IS NOT NULL";
+        let owned = "                  AND get_bit($1::bytea, e.partition) = 1";
+        let owned_scope = " AND get_bit($1::bytea, o.partition) = 1";
         let claim_checked_all = claim(every_partition, "", ClaimKind::Checked);
         let claim_checked_owned = claim(owned, owned_scope, ClaimKind::Checked);
         let claim_steady_all = claim(every_partition, "", ClaimKind::Steady);
