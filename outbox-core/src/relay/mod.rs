@@ -200,7 +200,14 @@ async fn listen<S: RelayStore, T: Transport>(
 ) {
     while !*shutdown.borrow() {
         let mut listener = match shared.store.listener().await {
-            Ok(listener) => listener,
+            Ok(listener) => {
+                // What committed before LISTEN took effect sent its NOTIFY
+                // to nobody (at start, the workers may already sleep; after
+                // a lost connection, they went back to sleep): every worker
+                // looks once more now.
+                shared.wake.notify_waiters();
+                listener
+            }
             Err(error) => {
                 tracing::warn!(%error, "relay cannot listen for notifications; polling only for now");
                 tokio::select! {

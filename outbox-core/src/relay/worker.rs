@@ -39,6 +39,9 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
 ) {
     let config = &shared.config;
     let mut waiting = false;
+    // Whether the worker has looked again SETTLE_AFTER_FLAG after raising
+    // its waiting flag.
+    let mut settled = true;
     let mut last_heartbeat = Instant::now();
     if let Err(error) = shared.store.heartbeat(worker_id, false).await {
         tracing::warn!(%error, "relay could not register its worker");
@@ -120,15 +123,22 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
                         last_heartbeat = Instant::now();
                         if !waiting {
                             waiting = true;
+                            settled = false;
                             continue;
                         }
                     }
                     Err(error) => tracing::warn!(%error, "relay could not announce it is waiting"),
                 }
             }
+            let sleep = if settled {
+                config.poll_interval
+            } else {
+                settled = true;
+                config.poll_interval.min(SETTLE_AFTER_FLAG)
+            };
             tokio::select! {
                 _ = &mut notified => {}
-                _ = tokio::time::sleep(config.poll_interval) => {}
+                _ = tokio::time::sleep(sleep) => {}
                 _ = shutdown.changed() => {}
             }
             continue;
@@ -150,6 +160,14 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
         tracing::warn!(%error, "relay could not deregister");
     }
 }
+
+/// After raising its waiting flag a worker looks again at once, and once
+/// more after this pause (or a NOTIFY) before its long sleep. An emit whose
+/// statement read the flag just before it went up sent no NOTIFY; if its
+/// transaction committed after the first look (the commit's round trip,
+/// usually a millisecond or two), the second look finds it. A transaction
+/// that stays open longer after its emit is found at the next poll.
+const SETTLE_AFTER_FLAG: Duration = Duration::from_millis(250);
 
 /// The longest pause between two looks at a transport that is down: once
 /// the broker is back, publishing resumes within this.
