@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::metrics as m;
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_tests::events::emit_ticks;
+use outbox_tests::events::{Ticked, emit_ticks};
 use outbox_tests::transports::RecordingTransport;
 use outbox_tests::{TestDb, metrics, wait};
 use sqlx::AssertSqlSafe;
@@ -387,16 +387,17 @@ async fn the_pooled_claim_and_the_workers_never_share_a_partition() {
         batch_size: 1,
         ..fast(1)
     };
-    let store = || {
+    let store = |claim_timeout: Duration| {
         outbox_core::store::PgRelayStore::new(
             db.pool.clone(),
             db.schema.clone(),
             config.failed_head_policy,
-            config.claim_timeout,
+            claim_timeout,
         )
         .with_partitioning(config.lease, config.rebalance_interval)
     };
-    let pooled = store();
+    // Its claims stay open across the waits below: a generous idle timeout.
+    let pooled = store(Duration::from_secs(60));
 
     // A pooled claim first: it holds c0 … c2's first versions.
     let held = pooled.claim(3).await.unwrap();
@@ -411,9 +412,14 @@ async fn the_pooled_claim_and_the_workers_never_share_a_partition() {
     // A worker starts (its transport goes down after one event, so it
     // keeps its session and partitions but claims no more).
     let transport = PausingTransport::default();
-    let relay = Relay::start(store(), transport.clone(), config.clone(), "pooled")
-        .await
-        .unwrap();
+    let relay = Relay::start(
+        store(config.claim_timeout),
+        transport.clone(),
+        config.clone(),
+        "pooled",
+    )
+    .await
+    .unwrap();
     wait::until(
         "the worker owns every partition the pooled claim does not hold",
         Duration::from_secs(20),
@@ -447,10 +453,16 @@ async fn the_pooled_claim_and_the_workers_never_share_a_partition() {
     .await;
     // Now the worker owns everything (and is paused): the pooled claim
     // finds nothing, though eight events are pending.
-    let pending: i64 = db
-        .scalar("SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending'")
-        .await;
-    assert_eq!(pending, 8);
+    wait::until(
+        "the worker's batch committed",
+        Duration::from_secs(20),
+        || async {
+            db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_events WHERE status = 'pending'")
+                .await
+                == 8
+        },
+    )
+    .await;
     let empty = pooled.claim(100).await.unwrap();
     assert!(
         empty.events().is_empty(),
@@ -475,6 +487,71 @@ async fn the_pooled_claim_and_the_workers_never_share_a_partition() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    db.drop_schema().await;
+}
+
+/// A worker's claim may run in a transaction opened ahead (after a full
+/// batch, `COMMIT; BEGIN`), so its `now()` can be older than a fresh
+/// event's `next_attempt_at` (that event's transaction start). Version 1
+/// written by a transaction that began after the claim's, and version 2 by
+/// one that began before it and committed after the first: the claim must
+/// not offer version 2 without version 1.
+#[tokio::test]
+async fn a_version_from_a_transaction_begun_after_the_claims_is_not_overtaken() {
+    use outbox_core::relay::{BatchOutcome, ClaimedBatch, RelayStore};
+    let db = TestDb::with_pool_size(6).await;
+    // Ten events of c0: the first claim (limit 10) is full.
+    emit_ticks(&db.pool, &db.outbox, 1, 10, 100).await;
+    let store = outbox_core::store::PgRelayStore::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        Default::default(),
+        Duration::from_secs(30),
+    )
+    // No rebalance between the two claims: the second runs in the
+    // transaction the first one's commit opened.
+    .with_partitioning(Duration::from_secs(30), Duration::from_secs(20));
+    let worker = uuid::Uuid::now_v7();
+
+    let mut earlier = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT now()")
+        .execute(&mut *earlier)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let first = store.claim_for(worker, 10).await.unwrap();
+    assert_eq!(first.events().len(), 10);
+    let published = first.events().iter().map(|e| e.envelope.id).collect();
+    first
+        .complete(BatchOutcome {
+            published,
+            failed: Vec::new(),
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let mut later = db.pool.begin().await.unwrap();
+    db.outbox
+        .emit(&mut later, &Ticked::new("a", 1))
+        .await
+        .unwrap();
+    later.commit().await.unwrap();
+    db.outbox
+        .emit(&mut earlier, &Ticked::new("a", 2))
+        .await
+        .unwrap();
+    earlier.commit().await.unwrap();
+
+    let second = store.claim_for(worker, 100).await.unwrap();
+    let versions: Vec<i64> = second
+        .events()
+        .iter()
+        .filter(|e| e.envelope.aggregate_id == "a")
+        .map(|e| e.envelope.aggregate_version)
+        .collect();
+    assert_eq!(versions, vec![1, 2], "a's versions in the second claim");
+    second.release().await.unwrap();
     db.drop_schema().await;
 }
 

@@ -107,7 +107,11 @@ pub struct RelayConfig {
     pub publish_timeout: Duration,
     /// How long PostgreSQL lets a claim transaction sit idle before it kills
     /// it, releasing the rows of a hung relay (default 120 s). Must exceed
-    /// `publish_timeout`.
+    /// `publish_timeout`. A worker starts no publish of a batch later than
+    /// this after it sent the claim (another worker may own the events by
+    /// then); with [`Relay::start`](crate::relay::Relay::start) over a
+    /// `PgRelayStore`, give the store the same value
+    /// ([`Relay::start_postgres`](crate::relay::Relay::start_postgres) does).
     pub claim_timeout: Duration,
     /// Upper bound for each statement of a claim transaction (default
     /// 30 s): a claim that waits on a lock longer (a migration holding the

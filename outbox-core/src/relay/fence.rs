@@ -7,8 +7,9 @@
 //! for each partition the tokens of its successive owners increase. The
 //! worker publishes each batch inside the token's scope; a transport (or a
 //! test's) reads it with [`fencing_token`] and may pass it on, so a
-//! receiver can refuse a publish from an owner older than one it has
-//! already seen.
+//! receiver that remembers the highest token per aggregate (an aggregate
+//! lives in one partition) can refuse a publish from an owner older than
+//! one it has already seen.
 
 use std::future::Future;
 

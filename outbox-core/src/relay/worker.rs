@@ -205,8 +205,10 @@ async fn process<S: RelayStore, T: Transport>(
     // claim transaction no earlier than that (its clock starts when the
     // claim statement finished, after it was sent), and only then can
     // another worker own these events' partitions. So a worker stalled
-    // anywhere after its claim, even before it read the clock here, sends
-    // nothing once another may be publishing the same aggregates.
+    // after its claim, even before it read the clock here, sends nothing
+    // once another may be publishing the same aggregates — unless it
+    // stalled in the instant between the check before a wave and the send
+    // (the fencing token is for a receiver to catch that one).
     let fence = tokio::time::Instant::from_std(started + config.claim_timeout);
     let deadline = (tokio::time::Instant::now() + config.publish_timeout).min(fence);
     let span = tracing::debug_span!(
@@ -217,13 +219,6 @@ async fn process<S: RelayStore, T: Transport>(
     let _guard = span.enter();
 
     for wave in &plan.waves {
-        // Past the deadline the claim may be gone (the server ends it
-        // after the claim timeout, and another worker may own its
-        // partitions by then): a worker that was stalled sends nothing
-        // more; the rest of the batch is left unattempted.
-        if tokio::time::Instant::now() >= deadline {
-            break;
-        }
         let indices: Vec<usize> = wave
             .iter()
             .copied()
@@ -233,6 +228,14 @@ async fn process<S: RelayStore, T: Transport>(
             continue;
         }
         let envelopes: Vec<&Envelope> = indices.iter().map(|&i| &events[i].envelope).collect();
+        // Past the deadline the claim may be gone (the server ends it
+        // after the claim timeout, and another worker may own its
+        // partitions by then): a worker that was stalled sends nothing
+        // more; the rest of the batch is left unattempted. Checked right
+        // before the send (the timeout below polls the send first).
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
         metrics::counter!(m::PUBLISH_ATTEMPTS, "schema" => schema.clone(), "transport" => transport)
             .increment(envelopes.len() as u64);
         let results = match tokio::time::timeout_at(

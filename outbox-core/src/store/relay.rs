@@ -322,12 +322,13 @@ impl PgRelayStore {
             .map_err(StoreError::new("list blocked aggregates"))
     }
 
-    /// Runs the claim the relay would run now under `EXPLAIN (ANALYZE,
-    /// BUFFERS, FORMAT JSON)`, in a transaction with the claim's settings
-    /// that is rolled back (nothing is claimed or marked), and returns the
-    /// plan. Which claim that is depends on the live relay workers: with
-    /// two or more, the shared claim (per-aggregate advisory locks);
-    /// otherwise the lone worker's, as it runs after taking its partitions
+    /// Runs a claim under `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`, in a
+    /// transaction with the claim's settings that is rolled back (nothing
+    /// is claimed or marked), and returns the plan. Which claim depends on
+    /// the live relay workers: with two or more, the shared claim over
+    /// every partition (per-aggregate advisory locks; the workers
+    /// themselves each claim from their own partitions, the same walk of
+    /// the pending index); otherwise the lone worker's, as it runs after taking its partitions
     /// (its later claims are the same without the count for the fast
     /// path). Operators use it to see that the claim walks the pending
     /// index and how many buffers it touches (dead tuples and a held xmin

@@ -6,8 +6,9 @@
 //! fencing token: the lock and the claim live and die with the same
 //! session. A worker that crashes or loses its connection loses its
 //! partitions and its open claim in the same instant, so no other worker
-//! can own a partition while a claim from it is still open, and nothing
-//! has to compare tokens. A worker that stalls (SIGSTOP, a long pause)
+//! can own a partition while a claim from it is still open, and no write
+//! to the database has to compare tokens (the session still hands a
+//! fencing token to the transport, for what leaves the process). A worker that stalls (SIGSTOP, a long pause)
 //! keeps its session until the server ends it: `idle_session_timeout` (the
 //! lease) between claims, `idle_in_transaction_session_timeout` (the claim
 //! timeout) inside one. The other workers see a member as gone as soon as
@@ -261,7 +262,7 @@ impl WorkerSession {
         if give_up.is_empty() && take.is_empty() {
             return Ok(());
         }
-        let (taken, _, xid): (Vec<i16>, i64, i64) =
+        let (taken, _, xid): (Vec<i16>, i64, Option<i64>) =
             sqlx::query_as(AssertSqlSafe(sql.rebalance.as_str()))
                 .bind(settings.namespace)
                 .bind(&give_up)
@@ -274,7 +275,7 @@ impl WorkerSession {
         if !taken.is_empty() {
             // Its first claim checks the newly owned partitions' heads.
             self.steady = false;
-            self.fencing_token = Some(xid as u64);
+            self.fencing_token = xid.map(|xid| xid as u64);
         }
         self.owned.extend(taken);
         self.owned.sort_unstable();

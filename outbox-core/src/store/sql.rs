@@ -253,7 +253,7 @@ pub(crate) struct RelaySql {
     pub(crate) claim_checked_owned: String,
     /// A worker's claim while its partitions are unchanged since a
     /// checked claim: nobody else claims from them, so it takes the first
-    /// due rows in `seq` order without the head check. It never passes
+    /// pending rows in `seq` order without the head check. It never passes
     /// over a locked row: one locked elsewhere fails it at once (`NOWAIT`,
     /// SQLSTATE 55P03) and the batch takes the checked claim. Binds as
     /// `claim_checked_all`.
@@ -268,7 +268,8 @@ pub(crate) struct RelaySql {
     /// Takes the ownership locks of partitions and gives up others, on the
     /// worker's claiming connection. Binds: lock namespace, partitions to
     /// give up, partitions to take; returns those taken, the count given
-    /// up, and the statement's transaction id (the fencing token).
+    /// up, and, when it took any, the statement's transaction id (the
+    /// fencing token; no transaction id is used up otherwise).
     pub(crate) rebalance: String,
     /// The partition count fixed at migration. No binds.
     pub(crate) partitions: String,
@@ -325,9 +326,16 @@ impl RelaySql {
                 SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.aggregate_version
                 FROM {s}.outbox_events e
                 WHERE e.status = 'pending'
-                  AND e.next_attempt_at <= now()
-                  -- Blocked aggregates offer only their head (hashed once).
-                  AND (e.id IN (SELECT head_event_id FROM blocking)
+                  -- A blocked aggregate offers only its head (hashed once),
+                  -- and only once its retry is due. Any other pending row
+                  -- is offered whatever its next_attempt_at: only a
+                  -- retrying head has one ahead, and a fresh row's is its
+                  -- transaction's start, which may come after this claim's
+                  -- own (claims run in a transaction opened ahead). A due
+                  -- test there would pass over version k from a transaction
+                  -- that began later and offer k+1 from one that began
+                  -- earlier but committed after it.
+                  AND ((e.id IN (SELECT head_event_id FROM blocking) AND e.next_attempt_at <= now())
                        OR (e.aggregate_type, e.aggregate_id) NOT IN (
                            SELECT aggregate_type, aggregate_id FROM blocking))
 {lock}
@@ -342,8 +350,9 @@ impl RelaySql {
                 -- between). So an aggregate's candidates go only if nothing
                 -- unpublished precedes them (one index descent) and no
                 -- unpublished version lies between them (free when their
-                -- versions are consecutive). A steady claim skips nothing:
-                -- only non-consecutive versions take the check.
+                -- versions are consecutive). A steady claim passes over no
+                -- pending row but a blocked aggregate's later ones: only
+                -- non-consecutive versions take the check.
                 SELECT array_agg(c.id) AS ids
                 FROM candidates c
                 GROUP BY c.aggregate_type, c.aggregate_id
@@ -543,11 +552,18 @@ impl RelaySql {
         // The transaction id is the fencing token of what it took: ids are
         // handed out in increasing order, and a partition is free only
         // after its previous owner let go.
-        let rebalance = "SELECT ARRAY(SELECT p FROM unnest($3::smallint[]) AS p
-                                WHERE pg_try_advisory_lock($1, p::integer))::smallint[],
-                          (SELECT count(*) FROM unnest($2::smallint[]) AS p
-                           WHERE pg_advisory_unlock($1, p::integer)),
-                          pg_current_xact_id()::text::bigint"
+        let rebalance = "WITH taken AS (
+                SELECT ARRAY(SELECT p FROM unnest($3::smallint[]) AS p
+                             WHERE pg_try_advisory_lock($1, p::integer))::smallint[] AS partitions
+            ),
+            given_up AS (
+                SELECT count(*) AS n FROM unnest($2::smallint[]) AS p
+                WHERE pg_advisory_unlock($1, p::integer)
+            )
+            SELECT taken.partitions, given_up.n,
+                   CASE WHEN cardinality(taken.partitions) > 0
+                        THEN pg_current_xact_id()::text::bigint END
+            FROM taken, given_up"
             .to_owned();
         let partitions = format!("SELECT partitions FROM {s}.outbox_partitioning");
         RelaySql {
@@ -582,11 +598,13 @@ enum ClaimKind {
     /// candidates are every pending row up to the last one (the fast path).
     Checked,
     /// Nobody else claims from the scanned rows (the worker owns their
-    /// partitions and its set did not change since a checked claim), and a
+    /// partitions and its set did not change since a checked claim), a
     /// row locked elsewhere fails the claim instead of being skipped
-    /// (`NOWAIT`): the candidates are the first due rows in `seq` order and
-    /// each aggregate's begin at its oldest pending version; only the guard
-    /// for non-consecutive versions remains.
+    /// (`NOWAIT`), and only blocked heads are held to their retry time: the
+    /// candidates are the first pending rows in `seq` order (blocked
+    /// aggregates' later rows left out) and each aggregate's begin at its
+    /// oldest pending version; only the guard for non-consecutive versions
+    /// remains.
     Steady,
 }
 
