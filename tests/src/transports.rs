@@ -202,3 +202,17 @@ impl Transport for LogTransport {
         "log"
     }
 }
+
+/// Each aggregate's versions in the order they were published.
+pub fn versions_by_aggregate(
+    published: &[Envelope],
+) -> std::collections::BTreeMap<String, Vec<i64>> {
+    let mut versions: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    for envelope in published {
+        versions
+            .entry(envelope.aggregate_id.clone())
+            .or_default()
+            .push(envelope.aggregate_version);
+    }
+    versions
+}

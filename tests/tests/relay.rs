@@ -4,7 +4,6 @@
 //! and configuration errors. The broker side is a recording transport here;
 //! `relay_nats.rs` runs the same paths against JetStream.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use outbox_core::Envelope;
@@ -13,7 +12,7 @@ use outbox_core::relay::{Backoff, FailedHeadPolicy, Relay, RelayConfig, RelaySto
 use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
 use outbox_tests::events::{Ticked, emit_ticks};
-use outbox_tests::transports::RecordingTransport;
+use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, wait};
 
 fn fast_config() -> RelayConfig {
@@ -40,18 +39,6 @@ fn store(db: &TestDb, config: &RelayConfig) -> PgRelayStore {
         config.failed_head_policy,
         config.claim_timeout,
     )
-}
-
-/// Per aggregate, the versions in the order the transport acknowledged them.
-fn versions_by_aggregate(published: &[Envelope]) -> HashMap<String, Vec<i64>> {
-    let mut by_aggregate: HashMap<String, Vec<i64>> = HashMap::new();
-    for envelope in published {
-        by_aggregate
-            .entry(envelope.aggregate_id.clone())
-            .or_default()
-            .push(envelope.aggregate_version);
-    }
-    by_aggregate
 }
 
 async fn count(db: &TestDb, status: &str) -> i64 {

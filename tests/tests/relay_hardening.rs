@@ -5,7 +5,6 @@
 //! than statistics, what `explain_claim` shows, and what the batch
 //! duration measures. Real PostgreSQL; a recording transport.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use outbox_core::relay::{
@@ -15,7 +14,7 @@ use outbox_core::store::{ClaimVariant, PgRelayStore};
 use outbox_core::transport::PublishFailure;
 use outbox_core::{EmitError, Envelope, EventDraft, metrics as m};
 use outbox_tests::events::{PieceMoved, Ticked, emit_ticks};
-use outbox_tests::transports::RecordingTransport;
+use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, metrics, wait};
 
 fn fast_config() -> RelayConfig {
@@ -42,17 +41,6 @@ fn store(db: &TestDb, config: &RelayConfig) -> PgRelayStore {
         config.failed_head_policy,
         config.claim_timeout,
     )
-}
-
-fn versions_by_aggregate(published: &[Envelope]) -> HashMap<String, Vec<i64>> {
-    let mut by_aggregate: HashMap<String, Vec<i64>> = HashMap::new();
-    for envelope in published {
-        by_aggregate
-            .entry(envelope.aggregate_id.clone())
-            .or_default()
-            .push(envelope.aggregate_version);
-    }
-    by_aggregate
 }
 
 async fn count(db: &TestDb, status: &str) -> i64 {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use outbox_core::metrics as m;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_tests::events::{Ticked, emit_ticks};
-use outbox_tests::transports::RecordingTransport;
+use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, metrics, wait};
 use sqlx::AssertSqlSafe;
 
@@ -163,13 +163,7 @@ async fn workers_divide_the_partitions_and_take_over_when_one_leaves() {
     a.drain(Duration::from_secs(10)).await.unwrap();
     let mut published = first.published();
     published.extend(second.published());
-    let mut versions: HashMap<String, Vec<i64>> = HashMap::new();
-    for envelope in &published {
-        versions
-            .entry(envelope.aggregate_id.clone())
-            .or_default()
-            .push(envelope.aggregate_version);
-    }
+    let versions = versions_by_aggregate(&published);
     // Each relay publishes an aggregate's versions in order; an aggregate
     // that moved went on where the other stopped.
     for (aggregate, mut seen) in versions {
@@ -360,13 +354,8 @@ async fn a_row_locked_elsewhere_holds_back_its_aggregate_and_nothing_else() {
     })
     .await;
     relay.drain(Duration::from_secs(10)).await.unwrap();
-    let mut versions: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for envelope in transport.published() {
-        versions
-            .entry(envelope.aggregate_id.clone())
-            .or_default()
-            .push(envelope.aggregate_version);
-    }
+    let versions = versions_by_aggregate(&transport.published());
+    assert_eq!(versions.len(), 5);
     for (aggregate, seen) in &versions {
         assert_eq!(seen, &(1..=20).collect::<Vec<i64>>(), "{aggregate}");
     }

@@ -12,7 +12,7 @@ use outbox_core::relay::failpoint::{self, AFTER_CLAIM, Action};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::PgRelayStore;
 use outbox_tests::events::emit_ticks;
-use outbox_tests::transports::RecordingTransport;
+use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, wait};
 
 fn relay_config() -> RelayConfig {
@@ -86,13 +86,8 @@ async fn a_worker_stalled_after_its_claim_past_the_claim_timeout_publishes_nothi
             .map(|e| (e.aggregate_id.clone(), e.aggregate_version))
             .collect::<Vec<_>>()
     );
-    let mut versions: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
-    for envelope in taking_over.published() {
-        versions
-            .entry(envelope.aggregate_id.clone())
-            .or_default()
-            .push(envelope.aggregate_version);
-    }
+    let versions = versions_by_aggregate(&taking_over.published());
+    assert_eq!(versions.len(), 3);
     for (aggregate, seen) in &versions {
         assert_eq!(seen, &(1..=10).collect::<Vec<i64>>(), "{aggregate}");
     }
