@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::metrics as m;
 use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::store::PgRelayStore;
 use outbox_tests::events::{Ticked, emit_ticks};
 use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, metrics, wait};
@@ -44,6 +45,18 @@ fn fast(workers: usize) -> RelayConfig {
         stats_interval: Duration::ZERO,
         ..RelayConfig::default()
     }
+}
+
+/// The PostgreSQL store a relay with `config` uses (its failed-head
+/// policy, claim timeout, lease and rebalance interval).
+fn partitioned_store(db: &TestDb, config: &RelayConfig) -> PgRelayStore {
+    PgRelayStore::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        config.failed_head_policy,
+        config.claim_timeout,
+    )
+    .with_partitioning(config.lease, config.rebalance_interval)
 }
 
 #[tokio::test]
@@ -87,14 +100,7 @@ async fn workers_divide_the_partitions_and_take_over_when_one_leaves() {
     emit_ticks(&db.pool, &db.outbox, 200, 20, 500).await;
     let first = RecordingTransport::new();
     let a = Relay::start(
-        outbox_core::store::PgRelayStore::new(
-            db.pool.clone(),
-            db.schema.clone(),
-            Default::default(),
-            Duration::from_secs(3),
-        )
-        .with_partitioning(Duration::from_secs(2), Duration::from_millis(100))
-        .with_label("scale-out-a"),
+        partitioned_store(&db, &fast(2)).with_label("scale-out-a"),
         first.clone(),
         fast(2),
         "scale-out-a",
@@ -239,14 +245,7 @@ async fn a_transaction_opened_ahead_of_a_claim_does_not_outlive_a_pause() {
         ..RelayConfig::default()
     };
     let relay = Relay::start(
-        outbox_core::store::PgRelayStore::new(
-            db.pool.clone(),
-            db.schema.clone(),
-            Default::default(),
-            config.claim_timeout,
-        )
-        .with_partitioning(config.lease, config.rebalance_interval)
-        .with_label("opened-ahead"),
+        partitioned_store(&db, &config).with_label("opened-ahead"),
         transport.clone(),
         config,
         "opened-ahead",
@@ -315,13 +314,7 @@ async fn a_row_locked_elsewhere_holds_back_its_aggregate_and_nothing_else() {
         ..fast(1)
     };
     let relay = Relay::start(
-        outbox_core::store::PgRelayStore::new(
-            db.pool.clone(),
-            db.schema.clone(),
-            config.failed_head_policy,
-            config.claim_timeout,
-        )
-        .with_partitioning(config.lease, config.rebalance_interval),
+        partitioned_store(&db, &config),
         transport.clone(),
         config,
         "locked-row",
@@ -376,17 +369,14 @@ async fn the_pooled_claim_and_the_workers_never_share_a_partition() {
         batch_size: 1,
         ..fast(1)
     };
-    let store = |claim_timeout: Duration| {
-        outbox_core::store::PgRelayStore::new(
-            db.pool.clone(),
-            db.schema.clone(),
-            config.failed_head_policy,
-            claim_timeout,
-        )
-        .with_partitioning(config.lease, config.rebalance_interval)
-    };
     // Its claims stay open across the waits below: a generous idle timeout.
-    let pooled = store(Duration::from_secs(60));
+    let pooled = partitioned_store(
+        &db,
+        &RelayConfig {
+            claim_timeout: Duration::from_secs(60),
+            ..config.clone()
+        },
+    );
 
     // A pooled claim first: it holds c0 … c2's first versions.
     let held = pooled.claim(3).await.unwrap();
@@ -402,7 +392,7 @@ async fn the_pooled_claim_and_the_workers_never_share_a_partition() {
     // keeps its session and partitions but claims no more).
     let transport = PausingTransport::default();
     let relay = Relay::start(
-        store(config.claim_timeout),
+        partitioned_store(&db, &config),
         transport.clone(),
         config.clone(),
         "pooled",
@@ -491,15 +481,17 @@ async fn a_version_from_a_transaction_begun_after_the_claims_is_not_overtaken() 
     let db = TestDb::with_pool_size(6).await;
     // Ten events of c0: the first claim (limit 10) is full.
     emit_ticks(&db.pool, &db.outbox, 1, 10, 100).await;
-    let store = outbox_core::store::PgRelayStore::new(
-        db.pool.clone(),
-        db.schema.clone(),
-        Default::default(),
-        Duration::from_secs(30),
-    )
     // No rebalance between the two claims: the second runs in the
     // transaction the first one's commit opened.
-    .with_partitioning(Duration::from_secs(30), Duration::from_secs(20));
+    let store = partitioned_store(
+        &db,
+        &RelayConfig {
+            claim_timeout: Duration::from_secs(30),
+            lease: Duration::from_secs(30),
+            rebalance_interval: Duration::from_secs(20),
+            ..RelayConfig::default()
+        },
+    );
     let worker = uuid::Uuid::now_v7();
 
     let mut earlier = db.pool.begin().await.unwrap();

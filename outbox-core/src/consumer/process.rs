@@ -606,16 +606,9 @@ pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 pub(super) async fn transaction_intact(tx: &mut PgConnection) -> Result<(), HandlerError> {
     match sqlx::query("SELECT 1").execute(&mut *tx).await {
         Ok(_) => Ok(()),
-        Err(error)
-            if error
-                .as_database_error()
-                .and_then(|e| e.code())
-                .is_some_and(|code| code == "25P02") =>
-        {
-            Err(HandlerError::retryable(
-                "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back",
-            ))
-        }
+        Err(error) if crate::store::has_sqlstate(&error, "25P02") => Err(HandlerError::retryable(
+            "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back",
+        )),
         Err(error) => Err(HandlerError::retryable(error)),
     }
 }

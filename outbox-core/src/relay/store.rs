@@ -30,10 +30,7 @@ impl StoreError {
     /// Whether PostgreSQL cancelled the statement (SQLSTATE 57014: its
     /// statement timeout, or a cancel request).
     pub fn is_statement_timeout(&self) -> bool {
-        self.source
-            .as_database_error()
-            .and_then(|error| error.code())
-            .is_some_and(|code| code == "57014")
+        crate::store::has_sqlstate(&self.source, "57014")
     }
 }
 

@@ -18,3 +18,12 @@ pub use relay::{
 #[allow(unused_imports)]
 pub(crate) use schema::validate_identifier;
 pub use schema::{ConfigError, SchemaName};
+
+/// Whether PostgreSQL answered `error` with the SQLSTATE `code` (e.g.
+/// `57014`, a cancelled statement).
+pub(crate) fn has_sqlstate(error: &sqlx::Error, code: &str) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .is_some_and(|found| found == code)
+}

@@ -240,7 +240,7 @@ impl PgRelayStore {
                     // than a claim of this worker (an operator's statement,
                     // a hand-held lock): the steady claim does not pass
                     // over it, this batch takes the checked claim instead.
-                    Err(error) if is_lock_not_available(&error) => {
+                    Err(error) if super::has_sqlstate(&error, LOCK_NOT_AVAILABLE) => {
                         tracing::debug!(%worker_id, "a row of the worker's partitions is locked elsewhere; checked claim");
                         sqlx::raw_sql("ROLLBACK; BEGIN")
                             .execute(&mut conn)
@@ -328,9 +328,9 @@ impl PgRelayStore {
     /// the live relay workers: with two or more, the shared claim over
     /// every partition (per-aggregate advisory locks; the workers
     /// themselves each claim from their own partitions, the same walk of
-    /// the pending index); otherwise the lone worker's, as it runs after taking its partitions
-    /// (its later claims are the same without the count for the fast
-    /// path). Operators use it to see that the claim walks the pending
+    /// the pending index); otherwise the lone worker's, as it runs after
+    /// taking its partitions (its later claims are the same without the
+    /// count for the fast path). Operators use it to see that the claim walks the pending
     /// index and how many buffers it touches (dead tuples and a held xmin
     /// horizon show up here first).
     ///
@@ -430,9 +430,10 @@ fn begin_claim(claim_timeout: Duration, statement_timeout: Duration) -> String {
 pub enum ClaimVariant {
     /// A lone live worker owning every partition: no advisory locks.
     Alone,
-    /// Several live workers: the claim with each candidate aggregate's
-    /// advisory lock (the claim outside a worker's session, which also
-    /// stays off partitions a worker owns).
+    /// Several live workers: the claim over every partition with each
+    /// candidate aggregate's advisory lock (as [`RelayStore::claim`] runs
+    /// it, without the partition locks that keep that one off owned
+    /// partitions).
     Shared,
 }
 
@@ -524,13 +525,8 @@ fn partition_bitmap(owned: &[i16], partitions: i16) -> Vec<u8> {
     bits
 }
 
-/// PostgreSQL refused a row lock at once (SQLSTATE 55P03, `NOWAIT`).
-fn is_lock_not_available(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|error| error.code())
-        .is_some_and(|code| code == "55P03")
-}
+/// PostgreSQL refused a row lock at once (`NOWAIT`).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// The advisory lock namespace of a schema, so relays of different
 /// schemas in one database never contend.

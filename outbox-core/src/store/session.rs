@@ -8,8 +8,8 @@
 //! partitions and its open claim in the same instant, so no other worker
 //! can own a partition while a claim from it is still open, and no write
 //! to the database has to compare tokens (the session still hands a
-//! fencing token to the transport, for what leaves the process). A worker that stalls (SIGSTOP, a long pause)
-//! keeps its session until the server ends it: `idle_session_timeout` (the
+//! fencing token to the transport, for what leaves the process). A worker
+//! that stalls (SIGSTOP, a long pause) keeps its session until the server ends it: `idle_session_timeout` (the
 //! lease) between claims, `idle_in_transaction_session_timeout` (the claim
 //! timeout) inside one. The other workers see a member as gone as soon as
 //! its backend has exited (`pg_stat_activity`), or when its heartbeat is

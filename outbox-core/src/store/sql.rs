@@ -405,10 +405,9 @@ impl RelaySql {
         let yield_to_owners = format!(
             "                  AND pg_try_advisory_xact_lock_shared($1 # {OWNERSHIP_SALT}, e.partition::integer)"
         );
+        let aggregate_lock = "                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))";
         let claim_shared = claim(
-            &format!(
-                "{yield_to_owners}\n                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))"
-            ),
+            &format!("{yield_to_owners}\n{aggregate_lock}"),
             "",
             ClaimKind::Checked,
         );
@@ -417,16 +416,11 @@ impl RelaySql {
         // claim without the partition locks, which would make it read past
         // every row of an owned partition and claim nothing while workers
         // own them all (explaining rolls back, so it never keeps a row).
-        let explain_shared = claim(
-            "                  AND pg_try_advisory_xact_lock($1, hashtext(e.aggregate_type || '/' || e.aggregate_id))",
-            "",
-            ClaimKind::Checked,
-        );
+        let explain_shared = claim(aggregate_lock, "", ClaimKind::Checked);
         // A worker's session: only the partitions it owns (all of them: no
         // filter), and the fast path's count only over them. Nobody else
         // claims from them (the ownership lock lives on this connection),
-        // so no per-row lock.
-        // The owned partitions come as a bitmap (bit p of the bytea set for
+        // so no per-row lock. The owned partitions come as a bitmap (bit p of the bytea set for
         // partition p): one bit test per row read, where `= ANY(array)` of a
         // bound array compares with each element in turn (the claim reads
         // past the other workers' rows in seq order, about three of four
