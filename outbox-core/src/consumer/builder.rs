@@ -111,19 +111,48 @@ impl fmt::Display for BuildErrors {
 impl std::error::Error for BuildErrors {}
 
 /// Collects handlers and settings; [`ConsumerBuilder::build`] checks them.
+///
+/// Settings compose in any order: [`config`](Self::config) gives the whole
+/// set, and each single setter ([`ordering`](Self::ordering),
+/// [`retry`](Self::retry), [`batch_size`](Self::batch_size)) wins over the
+/// same field of it, whether it was called before or after.
 pub struct ConsumerBuilder {
     name: String,
     config: ConsumerConfig,
+    overrides: Overrides,
     handlers: Vec<Box<dyn Dispatch>>,
     ignored: BTreeSet<String>,
     registry: Option<ContractRegistry>,
+}
+
+/// Settings given one by one; applied over [`ConsumerBuilder::config`].
+#[derive(Debug, Default, Clone, Copy)]
+struct Overrides {
+    ordering: Option<super::Ordering>,
+    retry: Option<super::RetryPolicy>,
+    batch_size: Option<usize>,
+}
+
+impl Overrides {
+    fn apply(self, mut config: ConsumerConfig) -> ConsumerConfig {
+        if let Some(ordering) = self.ordering {
+            config.ordering = ordering;
+        }
+        if let Some(retry) = self.retry {
+            config.retry = retry;
+        }
+        if let Some(batch_size) = self.batch_size {
+            config.batch_size = batch_size;
+        }
+        config
+    }
 }
 
 impl fmt::Debug for ConsumerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsumerBuilder")
             .field("name", &self.name)
-            .field("config", &self.config)
+            .field("config", &self.overrides.apply(self.config.clone()))
             .field(
                 "handlers",
                 &self
@@ -144,6 +173,7 @@ impl ConsumerBuilder {
         ConsumerBuilder {
             name: name.into(),
             config: ConsumerConfig::default(),
+            overrides: Overrides::default(),
             handlers: Vec::new(),
             ignored: BTreeSet::new(),
             registry: None,
@@ -182,29 +212,30 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Replaces all settings, including an ordering or retry policy set
-    /// before it by [`ordering`](Self::ordering) or [`retry`](Self::retry):
-    /// call `config` first, or put the ordering in the [`ConsumerConfig`].
+    /// Sets every setting. An ordering, retry policy or batch size given
+    /// with its own setter wins over the one in `config`, in whichever
+    /// order the two are called.
     pub fn config(mut self, config: ConsumerConfig) -> Self {
         self.config = config;
         self
     }
 
-    /// Sets the ordering policy.
+    /// Sets the ordering policy (wins over [`config`](Self::config)'s).
     pub fn ordering(mut self, ordering: super::Ordering) -> Self {
-        self.config.ordering = ordering;
+        self.overrides.ordering = Some(ordering);
         self
     }
 
-    /// Sets the retry policy.
+    /// Sets the retry policy (wins over [`config`](Self::config)'s).
     pub fn retry(mut self, retry: super::RetryPolicy) -> Self {
-        self.config.retry = retry;
+        self.overrides.retry = Some(retry);
         self
     }
 
-    /// Sets the batch size (messages per transaction).
+    /// Sets the batch size, messages per transaction (wins over
+    /// [`config`](Self::config)'s).
     pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.config.batch_size = batch_size;
+        self.overrides.batch_size = Some(batch_size);
         self
     }
 
@@ -217,7 +248,8 @@ impl ConsumerBuilder {
 
     /// Checks everything and builds the consumer on `pool`, with its tables
     /// in `schema` (migrated with [`crate::store::migrate`]).
-    pub fn build(self, pool: PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
+    pub fn build(mut self, pool: PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
+        self.config = self.overrides.apply(self.config);
         let mut problems = Vec::new();
         if let Err(error) = validate_name(&self.name) {
             problems.push(error.into());
