@@ -90,11 +90,17 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
-    /// Delete published events older than an age (a dry run unless --execute).
+    /// Delete published events older than an age, and idempotency keys
+    /// older than the key retention (a dry run unless --execute).
     Cleanup {
         /// Delete published events older than this (`7d`, `12h`).
         #[arg(long, value_parser = parse_duration)]
         older_than: Duration,
+        /// Delete producer idempotency keys older than this (default 7d,
+        /// the longest a client may retry a command: a key deleted sooner
+        /// lets a late retry emit its event twice).
+        #[arg(long, value_parser = parse_duration, default_value = "7d")]
+        keys_older_than: Duration,
         /// Delete; without it only count.
         #[arg(long)]
         execute: bool,
@@ -235,6 +241,15 @@ pub(crate) enum BlockedAction {
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: i64,
+    },
+    /// Retry the pending head of a blocked aggregate now instead of at its
+    /// next attempt time, attempts reset (for a failed head: `failed retry`).
+    Retry {
+        /// Head event ids, as `blocked list` shows them (repeat for several).
+        #[arg(long = "id", required = true)]
+        ids: Vec<uuid::Uuid>,
+        #[command(flatten)]
+        who: Who,
     },
 }
 

@@ -166,6 +166,15 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Blocked {
             action: BlockedAction::List { limit },
         } => blocked(&ops, &out, limit).await,
+        Command::Blocked {
+            action: BlockedAction::Retry { ids, who },
+        } => {
+            let report = ops
+                .retry_blocked(&ids, &request(&who)?)
+                .await
+                .map_err(ops_error)?;
+            Ok(print_report(&out, "retried", &report))
+        }
         Command::Quarantine { consumer, action } => {
             letters(
                 &ops,
@@ -194,10 +203,19 @@ async fn execute(cli: Cli) -> Outcome {
         } => audit(&ops, &out, limit, before).await,
         Command::Cleanup {
             older_than,
+            keys_older_than,
             execute,
             batch,
             who,
-        } => cleanup(&ops, &out, older_than, execute, batch, &who).await,
+        } => {
+            let plan = outbox_core::ops::Cleanup {
+                events_older_than: older_than,
+                keys_older_than,
+                batch,
+                execute,
+            };
+            cleanup(&ops, &out, &plan, &who).await
+        }
         Command::Migrate | Command::Registry { .. } => Ok(EXIT_OK),
     }
 }
@@ -1005,13 +1023,14 @@ async fn wait_for_replays(
             age(Some(wait.as_secs_f64()))
         );
     }
+    // Only an applied (or ignored) event is a success; a replay that
+    // left its event unapplied is not, even when it closed the letter.
     let open = ran
         .iter()
         .filter(|o| {
-            matches!(
-                o.get("outcome").and_then(serde_json::Value::as_str),
-                Some("failed" | "still_unreadable" | "not_found")
-            )
+            !o.get("outcome")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(outbox_core::consumer::ReplayOutcome::label_succeeded)
         })
         .count();
     if out.json {
@@ -1029,7 +1048,15 @@ async fn wait_for_replays(
                     o.get("waiting_for")
                         .map(|v| format!("waits for version {v}"))
                 })
-                .or_else(|| o.get("position").map(|v| format!("position {v}")))
+                .or_else(|| {
+                    o.get("position").map(|v| {
+                        let open = o.get("letter_open") == Some(&serde_json::Value::Bool(true));
+                        format!(
+                            "position {v}: not applied{}",
+                            if open { "; the letter stays open" } else { "" }
+                        )
+                    })
+                })
                 .unwrap_or_default();
             table.row(vec![
                 text("id").to_owned(),
@@ -1053,7 +1080,7 @@ async fn wait_for_replays(
         }
         print!("{}", table.render());
         println!(
-            "{} of {} replay(s) ran by {consumer} closed their letter; audit row {audit_id}",
+            "{} of {} replay(s) ran by {consumer} applied their event; audit row {audit_id}",
             ran.len() - open,
             ran.len()
         );
@@ -1104,21 +1131,14 @@ async fn audit(ops: &Ops, out: &Output, limit: Option<i64>, before: Option<i64>)
     Ok(EXIT_OK)
 }
 
-async fn cleanup(
-    ops: &Ops,
-    out: &Output,
-    older_than: Duration,
-    execute: bool,
-    batch: i64,
-    who: &Who,
-) -> Outcome {
-    let request = if execute {
+async fn cleanup(ops: &Ops, out: &Output, plan: &outbox_core::ops::Cleanup, who: &Who) -> Outcome {
+    let request = if plan.execute {
         request(who)?
     } else {
         // A dry run changes nothing and needs no reason.
         RepairRequest::new("dry-run", "dry run").map_err(|e| e.to_string())?
     };
-    let bar = (execute && !out.json && std::io::stderr().is_terminal()).then(|| {
+    let bar = (plan.execute && !out.json && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
@@ -1129,7 +1149,7 @@ async fn cleanup(
         bar
     });
     let report = ops
-        .cleanup(older_than, batch, execute, &request, |deleted, eligible| {
+        .cleanup(plan, &request, |deleted, eligible| {
             if let Some(bar) = &bar {
                 bar.set_length(deleted.max(u64::try_from(eligible).unwrap_or(0)));
                 bar.set_position(deleted);
@@ -1144,17 +1164,20 @@ async fn cleanup(
         out.json(&report);
     } else if report.executed {
         println!(
-            "deleted {} published events and {} idempotency keys older than {}; audit row {}",
+            "deleted {} published events older than {} and {} idempotency keys older than {}; audit row {}",
             report.deleted,
+            age(Some(plan.events_older_than.as_secs_f64())),
             report.keys_deleted,
-            age(Some(older_than.as_secs_f64())),
+            age(Some(plan.keys_older_than.as_secs_f64())),
             opt(&report.audit_id)
         );
     } else {
         println!(
-            "dry run: {} published events are older than {}; run with --execute --reason \"…\" to delete them",
+            "dry run: {} published events are older than {} and {} idempotency keys older than {} (--keys-older-than); run with --execute --reason \"…\" to delete them",
             report.eligible,
-            age(Some(older_than.as_secs_f64()))
+            age(Some(plan.events_older_than.as_secs_f64())),
+            report.keys_eligible,
+            age(Some(plan.keys_older_than.as_secs_f64()))
         );
     }
     Ok(EXIT_OK)

@@ -48,7 +48,7 @@ pub use records::{
     Page,
 };
 pub use redaction::Redaction;
-pub use repair::{CleanupReport, IdOutcome, RepairReport};
+pub use repair::{Cleanup, CleanupReport, DEFAULT_KEY_RETENTION, IdOutcome, RepairReport};
 pub use status::{
     Backlog, BlockedRecord, ConsumerStatus, EventTypeBacklog, RelayWorkerStatus, Status,
     StatusOptions,

@@ -47,6 +47,44 @@ impl RepairReport {
     }
 }
 
+/// What a cleanup deletes: published events older than one age, and
+/// idempotency keys older than another, the key retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cleanup {
+    /// Published events older than this go (pending, failed and skipped
+    /// events never do).
+    pub events_older_than: Duration,
+    /// Idempotency keys older than this go. Default
+    /// [`DEFAULT_KEY_RETENTION`] (7 days, the relay's retention default):
+    /// the longest a client may retry a command. A key deleted earlier
+    /// lets a late retry emit the command's event a second time, under a
+    /// new event id that no inbox recognises; shorten it only when the
+    /// clients' retries are known to end sooner.
+    pub keys_older_than: Duration,
+    /// Rows per delete statement, each its own transaction (1 to 100,000).
+    pub batch: i64,
+    /// Delete; when false only count (a dry run).
+    pub execute: bool,
+}
+
+/// How long a cleanup keeps idempotency keys unless told otherwise (the
+/// relay's retention keeps them as long:
+/// [`RetentionConfig::keep_idempotency_keys`](crate::relay::retention::RetentionConfig)).
+pub const DEFAULT_KEY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl Cleanup {
+    /// A dry run for published events older than `events_older_than`,
+    /// keys kept for [`DEFAULT_KEY_RETENTION`], batches of 1,000.
+    pub fn older_than(events_older_than: Duration) -> Cleanup {
+        Cleanup {
+            events_older_than,
+            keys_older_than: DEFAULT_KEY_RETENTION,
+            batch: 1000,
+            execute: false,
+        }
+    }
+}
+
 /// What a cleanup did (or would do).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CleanupReport {
@@ -54,6 +92,10 @@ pub struct CleanupReport {
     pub eligible: i64,
     /// Published rows deleted (0 on a dry run).
     pub deleted: u64,
+    /// The key retention applied, in seconds.
+    pub keys_older_than_secs: u64,
+    /// Idempotency keys older than the key retention (before the cleanup).
+    pub keys_eligible: i64,
     /// Idempotency keys deleted (0 on a dry run).
     pub keys_deleted: u64,
     /// Whether rows were deleted.
@@ -149,6 +191,29 @@ impl Ops {
             None,
             "republished",
             "not_published",
+        )
+        .await
+    }
+
+    /// Retries pending heads of blocked aggregates now: the head's next
+    /// attempt becomes now and its attempts start again from the first
+    /// (as `retry_failed` does for a failed head). For a head whose
+    /// backoff would wait longer than the operator wants, after the cause
+    /// is fixed. An id that is not the pending head of a blocked aggregate
+    /// is `not_blocked_head` (a failed head: use [`Ops::retry_failed`]).
+    pub async fn retry_blocked(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        self.relay_repair(
+            ids,
+            request,
+            "relay.retry_blocked",
+            &self.sql.retry_blocked,
+            None,
+            "retried",
+            "not_blocked_head",
         )
         .await
     }
@@ -350,34 +415,37 @@ impl Ops {
         self.close_repair(tx, audit_id, outcomes).await
     }
 
-    /// Deletes published events older than `older_than` (and idempotency
-    /// keys as old) in batches of `batch`, each batch its own transaction,
-    /// calling `progress(deleted so far, eligible)` after each; with
-    /// `execute` false only counts what would go. Never touches pending,
+    /// Deletes published events older than `plan.events_older_than` and
+    /// idempotency keys older than `plan.keys_older_than` in batches of
+    /// `plan.batch`, each batch its own transaction, calling
+    /// `progress(events deleted so far, eligible)` after each; without
+    /// `plan.execute` only counts what would go. Never touches pending,
     /// failed or skipped events. An executed cleanup writes its audit row
     /// before the first delete and completes it with the counts at the end.
     pub async fn cleanup(
         &self,
-        older_than: Duration,
-        batch: i64,
-        execute: bool,
+        plan: &Cleanup,
         request: &RepairRequest,
         mut progress: impl FnMut(u64, i64),
     ) -> Result<CleanupReport, OpsError> {
-        let eligible: i64 =
-            sqlx::query_scalar(AssertSqlSafe(self.sql.count_old_published.as_str()))
-                .bind(older_than.as_secs_f64())
+        let (eligible, keys_eligible): (i64, i64) =
+            sqlx::query_as(AssertSqlSafe(self.sql.count_old_published.as_str()))
+                .bind(plan.events_older_than.as_secs_f64())
+                .bind(plan.keys_older_than.as_secs_f64())
                 .fetch_one(&self.pool)
                 .await
-                .map_err(OpsError::database("counting old published events"))?;
-        if !execute {
-            return Ok(CleanupReport {
-                eligible,
-                deleted: 0,
-                keys_deleted: 0,
-                executed: false,
-                audit_id: None,
-            });
+                .map_err(OpsError::database("counting old published events and keys"))?;
+        let mut report = CleanupReport {
+            eligible,
+            deleted: 0,
+            keys_older_than_secs: plan.keys_older_than.as_secs(),
+            keys_eligible,
+            keys_deleted: 0,
+            executed: false,
+            audit_id: None,
+        };
+        if !plan.execute {
+            return Ok(report);
         }
         // The audit row is written first, so a cleanup cut short (a crash,
         // ^C) is on record; its outcome is completed at the end.
@@ -393,7 +461,16 @@ impl Ops {
                 request,
                 "relay.cleanup",
                 "relay",
-                &[format!("published before now - {} s", older_than.as_secs())],
+                &[
+                    format!(
+                        "published before now - {} s",
+                        plan.events_older_than.as_secs()
+                    ),
+                    format!(
+                        "idempotency keys before now - {} s",
+                        plan.keys_older_than.as_secs()
+                    ),
+                ],
             )
             .await
             .map_err(OpsError::database("writing the audit row"))?;
@@ -404,32 +481,30 @@ impl Ops {
             crate::relay::FailedHeadPolicy::Block,
             Duration::from_secs(120),
         );
-        let batch = batch.clamp(1, 100_000);
-        let mut deleted = 0;
+        let batch = plan.batch.clamp(1, 100_000);
         loop {
             let gone = store
-                .purge_published(older_than, batch)
+                .purge_published(plan.events_older_than, batch)
                 .await
                 .map_err(|e| OpsError::Database {
                     doing: "deleting published events",
                     source: e.source,
                 })?;
-            deleted += gone;
-            progress(deleted, eligible);
+            report.deleted += gone;
+            progress(report.deleted, eligible);
             if gone < batch as u64 {
                 break;
             }
         }
-        let mut keys_deleted = 0;
         loop {
             let gone = store
-                .purge_idempotency_keys(older_than, batch)
+                .purge_idempotency_keys(plan.keys_older_than, batch)
                 .await
                 .map_err(|e| OpsError::Database {
                     doing: "deleting idempotency keys",
                     source: e.source,
                 })?;
-            keys_deleted += gone;
+            report.keys_deleted += gone;
             if gone < batch as u64 {
                 break;
             }
@@ -443,17 +518,13 @@ impl Ops {
             .finish(
                 &mut conn,
                 audit_id,
-                &serde_json::json!([{"deleted": deleted, "keys_deleted": keys_deleted}]),
+                &serde_json::json!([{"deleted": report.deleted, "keys_deleted": report.keys_deleted}]),
             )
             .await
             .map_err(OpsError::database("completing the audit row"))?;
-        Ok(CleanupReport {
-            eligible,
-            deleted,
-            keys_deleted,
-            executed: true,
-            audit_id: Some(audit_id),
-        })
+        report.executed = true;
+        report.audit_id = Some(audit_id);
+        Ok(report)
     }
 
     /// Moves a consumer's position for one aggregate past `version`, a

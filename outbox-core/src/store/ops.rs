@@ -38,6 +38,8 @@ pub(crate) struct OpsSql {
     pub(crate) skip_failed: String,
     /// Published events back to pending. Binds: ids.
     pub(crate) republish: String,
+    /// Pending heads of blocked aggregates due now, attempts reset. Binds: ids.
+    pub(crate) retry_blocked: String,
     /// The status of events by id. Binds: ids.
     pub(crate) statuses: String,
     /// Open letters of a consumer marked for replay. Binds: consumer, ids,
@@ -56,7 +58,8 @@ pub(crate) struct OpsSql {
     /// Moves a position one version on, only from the version before.
     /// Binds: consumer, aggregate type, aggregate id, version passed.
     pub(crate) pass_version: String,
-    /// Counts published rows older than an age. Binds: seconds.
+    /// Counts published rows older than an age and idempotency keys
+    /// older than another. Binds: seconds, seconds.
     pub(crate) count_old_published: String,
 }
 
@@ -180,6 +183,13 @@ impl OpsSql {
                  WHERE id = ANY($1) AND status = 'published'
                  RETURNING id"
             ),
+            retry_blocked: format!(
+                "UPDATE {s}.outbox_events e
+                 SET next_attempt_at = now(), attempt_count = 0
+                 FROM {s}.outbox_blocked_aggregates b
+                 WHERE e.id = ANY($1) AND e.status = 'pending' AND b.head_event_id = e.id
+                 RETURNING e.id"
+            ),
             statuses: format!("SELECT id, status FROM {s}.outbox_events WHERE id = ANY($1)"),
             request_replay: format!(
                 "UPDATE {s}.outbox_dead_letters
@@ -213,8 +223,10 @@ impl OpsSql {
                  FROM {s}.outbox_dead_letters WHERE consumer_name = $1 AND id = ANY($2)"
             ),
             count_old_published: format!(
-                "SELECT count(*) FROM {s}.outbox_events
-                 WHERE status = 'published' AND published_at < now() - $1 * interval '1 second'"
+                "SELECT (SELECT count(*) FROM {s}.outbox_events
+                         WHERE status = 'published' AND published_at < now() - $1 * interval '1 second'),
+                        (SELECT count(*) FROM {s}.outbox_idempotency_keys
+                         WHERE created_at < now() - $2 * interval '1 second')"
             ),
         }
     }

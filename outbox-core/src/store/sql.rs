@@ -317,25 +317,40 @@ impl RelaySql {
                 -- Blocked aggregates whose head still blocks: retrying, or
                 -- failed unless failed heads are skipped ($3). A head fixed
                 -- by hand or replayed no longer blocks.
-                SELECT b.aggregate_type, b.aggregate_id, b.head_event_id
+                SELECT b.aggregate_type, b.aggregate_id, b.head_event_id,
+                       h.aggregate_version AS head_version, h.next_attempt_at <= now() AS head_due
                 FROM {s}.outbox_blocked_aggregates b
                 JOIN {s}.outbox_events h ON h.id = b.head_event_id
                 WHERE h.status = 'pending' OR (h.status = 'failed' AND NOT $3)
+            ),
+            offered AS MATERIALIZED (
+                -- What a blocked aggregate offers: its head once its retry
+                -- is due, and any pending version below the head (one
+                -- published again, or a failed head retried under Skip,
+                -- while a later version retries): those go first, in
+                -- version order, and never wait for the head's backoff.
+                SELECT head_event_id AS id FROM blocking WHERE head_due
+                UNION ALL
+                SELECT p.id FROM blocking k
+                JOIN {s}.outbox_events p
+                  ON p.aggregate_type = k.aggregate_type AND p.aggregate_id = k.aggregate_id
+                 AND p.status <> 'published' AND p.status = 'pending'
+                 AND p.aggregate_version < k.head_version
             ),
             candidates AS MATERIALIZED (
                 SELECT e.id, e.seq, e.aggregate_type, e.aggregate_id, e.aggregate_version
                 FROM {s}.outbox_events e
                 WHERE e.status = 'pending'
-                  -- A blocked aggregate offers only its head (hashed once),
-                  -- and only once its retry is due. Any other pending row
-                  -- is offered whatever its next_attempt_at: only a
-                  -- retrying head has one ahead, and a fresh row's is its
-                  -- transaction's start, which may come after this claim's
-                  -- own (claims run in a transaction opened ahead). A due
-                  -- test there would pass over version k from a transaction
-                  -- that began later and offer k+1 from one that began
-                  -- earlier but committed after it.
-                  AND ((e.id IN (SELECT head_event_id FROM blocking) AND e.next_attempt_at <= now())
+                  -- A blocked aggregate offers only what `offered` names
+                  -- (hashed once). Any other pending row is offered
+                  -- whatever its next_attempt_at: only a retrying head has
+                  -- one ahead, and a fresh row's is its transaction's
+                  -- start, which may come after this claim's own (claims
+                  -- run in a transaction opened ahead). A due test there
+                  -- would pass over version k from a transaction that
+                  -- began later and offer k+1 from one that began earlier
+                  -- but committed after it.
+                  AND (e.id IN (SELECT id FROM offered)
                        OR (e.aggregate_type, e.aggregate_id) NOT IN (
                            SELECT aggregate_type, aggregate_id FROM blocking))
 {lock}
