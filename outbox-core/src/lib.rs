@@ -189,7 +189,10 @@ pub use contract::{
 #[cfg(feature = "postgres")]
 pub use emit::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft, Outbox, emit, emit_all};
 pub use envelope::{Envelope, EnvelopeError, ce, dataschema_uri, dataschema_uri_with_base};
-pub use redact::{REDACTED, mask_all, mask_fields, redacted_payload, scrub_message};
+pub use redact::{
+    REDACTED, mask_all, mask_fields, redacted_payload, scrub_message, scrub_with_secrets,
+    secret_values,
+};
 pub use registry::{ContractRegistry, RegistryError, RegistryErrors, submitted_contracts};
 pub use upcast::{BoxError, DecodeError, PayloadMismatch, UpcastError, UpcastFailure};
 

@@ -109,6 +109,101 @@ pub fn scrub_message(message: &str) -> String {
     out
 }
 
+/// The values a payload holds under the fields a contract marks redacted,
+/// as text (strings as they are, numbers as written): what must never
+/// appear in a message about that payload. `fields` is `None` when no
+/// contract says which fields are safe: then every value counts.
+pub fn secret_values(payload: &Value, fields: Option<&[&str]>) -> Vec<String> {
+    let mut secrets = Vec::new();
+    match (fields, payload) {
+        (Some(fields), Value::Object(map)) => {
+            for field in fields {
+                if let Some(value) = map.get(*field) {
+                    leaf_texts(value, &mut secrets);
+                }
+            }
+        }
+        (Some(_), _) => {}
+        (None, value) => leaf_texts(value, &mut secrets),
+    }
+    secrets.sort_unstable_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    secrets.dedup();
+    secrets
+}
+
+fn leaf_texts(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(text) if !text.is_empty() => out.push(text.clone()),
+        Value::Number(number) => out.push(number.to_string()),
+        Value::Array(items) => items.iter().for_each(|item| leaf_texts(item, out)),
+        Value::Object(map) => map.values().for_each(|item| leaf_texts(item, out)),
+        _ => {}
+    }
+}
+
+/// A handler's error message as the framework may show and store it, for
+/// a payload whose redacted values are `secrets` (see [`secret_values`]):
+/// every occurrence of a secret that stands on its own (not inside a
+/// longer word or number) becomes [`REDACTED`], and then every quoted span
+/// is scrubbed as [`scrub_message`] does (a value the handler transformed
+/// before passing it on, which no secret matches, is usually quoted by
+/// whoever complains about it). Without secrets the message is returned
+/// unchanged: nothing in the payload is marked sensitive.
+///
+/// ```
+/// use outbox_core::scrub_with_secrets;
+/// let secrets = vec!["4111999988887777".to_owned()];
+/// assert_eq!(
+///     scrub_with_secrets(
+///         "invalid input syntax for type uuid: \"4111999988887777\"",
+///         &secrets
+///     ),
+///     "invalid input syntax for type uuid: \"…\""
+/// );
+/// assert_eq!(
+///     scrub_with_secrets("card 4111999988887777 declined", &secrets),
+///     "card [REDACTED] declined"
+/// );
+/// assert_eq!(scrub_with_secrets("relation \"x\" does not exist", &[]), "relation \"x\" does not exist");
+/// ```
+pub fn scrub_with_secrets(message: &str, secrets: &[String]) -> String {
+    if secrets.is_empty() {
+        return message.to_owned();
+    }
+    let mut text = message.to_owned();
+    for secret in secrets {
+        text = replace_standalone(&text, secret, REDACTED);
+    }
+    scrub_message(&text)
+}
+
+/// Replaces the occurrences of `needle` in `text`, ignoring ASCII case,
+/// whose neighbours are not letters or digits.
+fn replace_standalone(text: &str, needle: &str, with: &str) -> String {
+    if needle.is_empty() {
+        return text.to_owned();
+    }
+    // ASCII lower-casing keeps every byte offset.
+    let (haystack, needle) = (text.to_ascii_lowercase(), needle.to_ascii_lowercase());
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    while let Some(found) = haystack[from..].find(&needle) {
+        let (at, end) = (from + found, from + found + needle.len());
+        let before = text[..at].chars().next_back();
+        let after = text[end..].chars().next();
+        out.push_str(&text[from..at]);
+        if word(before) || word(after) {
+            out.push_str(&text[at..end]);
+        } else {
+            out.push_str(with);
+        }
+        from = end;
+    }
+    out.push_str(&text[from..]);
+    out
+}
+
 /// Whether a quoted span after `before` belongs to an `expected` clause:
 /// the latest of "expected" and the markers of input text wins.
 fn in_expected_clause(before: &str) -> bool {
@@ -162,6 +257,25 @@ mod tests {
         ] {
             assert_eq!(scrub_message(message), expected, "{message}");
         }
+    }
+
+    #[test]
+    fn secrets_are_masked_where_they_stand_alone_and_quoted_spans_scrubbed() {
+        let payload = json!({"card": 4111, "email": "a@b.c", "tags": ["x1", {"k": 12}], "id": 7});
+        let secrets = secret_values(&payload, Some(&["card", "email", "tags", "absent"]));
+        assert_eq!(secrets, vec!["a@b.c", "4111", "12", "x1"]);
+        assert_eq!(
+            scrub_with_secrets("card 4111 or 41112 for a@b.c, line 12", &secrets),
+            "card [REDACTED] or 41112 for [REDACTED], line [REDACTED]"
+        );
+        assert_eq!(
+            scrub_with_secrets("duplicate key (email)=(A@B.C) in \"users\"", &secrets),
+            "duplicate key (email)=([REDACTED]) in \"…\"",
+            "case does not hide a secret"
+        );
+        // No contract: every value is a secret.
+        assert_eq!(secret_values(&json!({"id": 7}), None), vec!["7"]);
+        assert_eq!(scrub_with_secrets("as is \"q\"", &[]), "as is \"q\"");
     }
 
     #[test]

@@ -5,12 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::consumer::{Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Received};
+use outbox_core::consumer::{
+    Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Ordering, Received, RetryPolicy,
+};
+use outbox_core::relay::Backoff;
 use outbox_core::{Envelope, OutboxEvent};
 use sqlx::{AssertSqlSafe, PgConnection, Row};
 
 use crate::TestDb;
-use crate::events::Ticked;
+use crate::events::{ParcelBooked, ParcelBookedV2, Ticked};
 
 /// Creates `<schema>.effects (event_id, aggregate_id, aggregate_version,
 /// value, idempotency_key, traceparent, seq, applied_at)`.
@@ -147,6 +150,53 @@ pub async fn letters(db: &TestDb, consumer: &str) -> Vec<Letter> {
 /// version `version`.
 pub fn tick(counter: &str, version: i64) -> Envelope {
     Envelope::for_event(&Ticked::new(counter, version as u64), version).expect("serializable")
+}
+
+/// Strict ordering with `park_timeout`, a sweep every 100 ms and three
+/// quick attempts (50 ms doubling to 200 ms, no jitter).
+pub fn strict_config(park_timeout: Duration) -> ConsumerConfig {
+    ConsumerConfig {
+        ordering: Ordering::Strict { park_timeout },
+        sweep_interval: Duration::from_millis(100),
+        retry: RetryPolicy {
+            max_attempts: 3,
+            backoff: Backoff {
+                initial: Duration::from_millis(50),
+                max: Duration::from_millis(200),
+                multiplier: 2.0,
+                jitter: 0.0,
+            },
+            handler_timeout: Duration::from_secs(10),
+        },
+        ..ConsumerConfig::default()
+    }
+}
+
+/// `parcel.booked` at schema version 2 (readable by a consumer that knows
+/// v2), at aggregate version `version`.
+pub fn parcel_v2(id: &str, version: i64) -> Envelope {
+    Envelope::for_event(
+        &ParcelBookedV2 {
+            parcel_id: id.into(),
+            weight_kg: version as f64,
+        },
+        version,
+    )
+    .expect("serializable")
+}
+
+/// `parcel.booked` at schema version 3 (quarantined by a consumer that
+/// knows only v2), at aggregate version `version`.
+pub fn parcel_v3(id: &str, version: i64) -> Envelope {
+    Envelope::for_event(
+        &ParcelBooked {
+            parcel_id: id.into(),
+            weight_kg: version as f64,
+            carrier: "DHL".into(),
+        },
+        version,
+    )
+    .expect("serializable")
 }
 
 /// A handler closure for `Ticked` that records its effect, optionally

@@ -345,7 +345,7 @@ async fn an_incident_is_found_repaired_and_audited_with_the_cli() {
         "20s",
     ]);
     assert!(
-        replayed.contains("1 of 1 replay(s) ran by parcels closed their letter"),
+        replayed.contains("1 of 1 replay(s) ran by parcels applied their event"),
         "{replayed}"
     );
     golden("quarantine_replay", &replayed);

@@ -547,7 +547,7 @@ async fn batch_mode_gives_each_message_the_outcome_it_would_have_alone() {
 }
 
 #[tokio::test]
-async fn strict_batches_drain_parked_successors_after_the_commit() {
+async fn strict_batches_apply_each_aggregate_in_version_order_and_drain_parked_successors() {
     let db = setup().await;
     let name = "batch-strict";
     let consumer = tick_consumer(
@@ -561,21 +561,60 @@ async fn strict_batches_drain_parked_successors_after_the_commit() {
         Duration::ZERO,
         &[],
     );
-    let batch: Vec<Incoming> = [3, 1, 4, 2]
-        .iter()
-        .map(|v| Incoming::from_envelope(&tick("s", *v), 1))
-        .collect();
-    let outcomes = consumer.handle_batch(&batch).await.unwrap();
+    let deliver = |versions: &[(&str, i64)]| -> Vec<Incoming> {
+        versions
+            .iter()
+            .map(|(counter, v)| Incoming::from_envelope(&tick(counter, *v), 1))
+            .collect()
+    };
+    // Shuffled within one batch: each aggregate's versions apply in
+    // order; a gap parks only that aggregate's later versions.
+    let outcomes = consumer
+        .handle_batch(&deliver(&[
+            ("s", 3),
+            ("t", 2),
+            ("s", 1),
+            ("s", 2),
+            ("t", 4),
+        ]))
+        .await
+        .unwrap();
     assert_eq!(
         outcomes,
         vec![
+            Outcome::Applied,
             Outcome::Parked { waiting_for: 1 },
             Outcome::Applied,
-            Outcome::Parked { waiting_for: 2 },
-            Outcome::Applied
+            Outcome::Applied,
+            Outcome::Parked { waiting_for: 1 },
         ]
     );
-    assert_eq!(versions(&effects(&db, name).await), vec![1, 2, 3, 4]);
+    // The next batch brings t's version 1 and s's 4: t's parked 2 follows
+    // after the commit; 4 still waits for 3.
+    let outcomes = consumer
+        .handle_batch(&deliver(&[("t", 1), ("s", 4)]))
+        .await
+        .unwrap();
+    assert_eq!(outcomes, vec![Outcome::Applied, Outcome::Applied]);
+    let applied: Vec<(String, i64)> = effects(&db, name)
+        .await
+        .into_iter()
+        .map(|e| (e.aggregate_id, e.aggregate_version))
+        .collect();
+    let of = |counter: &str| -> Vec<i64> {
+        applied
+            .iter()
+            .filter(|(a, _)| a == counter)
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    assert_eq!(of("s"), vec![1, 2, 3, 4]);
+    assert_eq!(of("t"), vec![1, 2], "t's 4 waits for 3");
+    assert_eq!(
+        db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_consumer_parked")
+            .await,
+        1
+    );
     db.drop_schema().await;
 }
 
@@ -959,5 +998,48 @@ async fn overlapping_batches_on_two_instances_wait_for_each_other_instead_of_dea
             .filter(|o| **o == Outcome::Applied)
             .count()
     );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn builder_settings_compose_in_any_order() {
+    let db = TestDb::new().await;
+    let strict = Ordering::Strict {
+        park_timeout: Duration::from_secs(30),
+    };
+    let base = ConsumerConfig {
+        batch_size: 50,
+        sweep_interval: Duration::from_millis(250),
+        ..ConsumerConfig::default()
+    };
+    let build = |builder: ConsumerBuilder| {
+        builder
+            .on_fn::<Ticked, _>(|_, _| Box::pin(async { Ok(()) }))
+            .build(db.pool.clone(), db.schema.clone())
+            .unwrap()
+    };
+    // The ordering set before the config is not reset by it.
+    let before = build(
+        ConsumerBuilder::new("before")
+            .ordering(strict)
+            .batch_size(7)
+            .config(base.clone()),
+    );
+    let after = build(
+        ConsumerBuilder::new("after")
+            .config(base.clone())
+            .ordering(strict)
+            .batch_size(7),
+    );
+    for consumer in [&before, &after] {
+        assert_eq!(consumer.config().ordering, strict, "{}", consumer.name());
+        assert_eq!(consumer.config().batch_size, 7, "{}", consumer.name());
+        assert_eq!(
+            consumer.config().sweep_interval,
+            Duration::from_millis(250),
+            "the config's other settings hold: {}",
+            consumer.name()
+        );
+    }
     db.drop_schema().await;
 }

@@ -12,58 +12,18 @@ use std::time::{Duration, Instant};
 
 use outbox_core::audit::RepairRequest;
 use outbox_core::consumer::{
-    ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Ordering, Outcome, ReplayError,
-    ReplayOutcome, RetryPolicy, StrictStart, channel,
+    ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Outcome, ReplayError, ReplayOutcome,
+    RetryPolicy, StrictStart, channel,
 };
 use outbox_core::failpoint::{self, Action};
 use outbox_core::relay::Backoff;
-use outbox_core::{ContractRegistry, Envelope, OutboxEvent, metrics as m};
+use outbox_core::{ContractRegistry, OutboxEvent, metrics as m};
 use outbox_tests::consumers::{
-    create_effects, effect_handler, effects, letters, record_effect, tick, tick_consumer,
+    create_effects, effect_handler, effects, letters, parcel_v2, parcel_v3, record_effect,
+    strict_config as strict, tick, tick_consumer,
 };
 use outbox_tests::events::{ParcelBooked, ParcelBookedV2, Ticked};
 use outbox_tests::{TestDb, metrics, wait};
-
-fn strict(park_timeout: Duration) -> ConsumerConfig {
-    ConsumerConfig {
-        ordering: Ordering::Strict { park_timeout },
-        sweep_interval: Duration::from_millis(100),
-        retry: RetryPolicy {
-            max_attempts: 3,
-            backoff: Backoff {
-                initial: Duration::from_millis(50),
-                max: Duration::from_millis(200),
-                multiplier: 2.0,
-                jitter: 0.0,
-            },
-            handler_timeout: Duration::from_secs(10),
-        },
-        ..ConsumerConfig::default()
-    }
-}
-
-fn parcel_v2(id: &str, version: i64) -> Envelope {
-    Envelope::for_event(
-        &ParcelBookedV2 {
-            parcel_id: id.into(),
-            weight_kg: version as f64,
-        },
-        version,
-    )
-    .unwrap()
-}
-
-fn parcel_v3(id: &str, version: i64) -> Envelope {
-    Envelope::for_event(
-        &ParcelBooked {
-            parcel_id: id.into(),
-            weight_kg: version as f64,
-            carrier: "DHL".into(),
-        },
-        version,
-    )
-    .unwrap()
-}
 
 async fn audit_rows(db: &TestDb) -> Vec<(String, String, String, Vec<String>, serde_json::Value)> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(

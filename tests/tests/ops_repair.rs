@@ -1054,3 +1054,222 @@ async fn a_strict_consumer_passes_a_version_the_producer_skipped() {
     );
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn cleanup_keeps_idempotency_keys_for_their_own_retention() {
+    let db = TestDb::new().await;
+    let keyed = |cents: i64| {
+        let (pool, outbox) = (db.pool.clone(), db.outbox.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let outcome = outbox
+                .emit_with(
+                    &mut tx,
+                    &charge("ch-1", cents),
+                    outbox_core::EmitOptions {
+                        idempotency_key: Some("charge-command-1".into()),
+                        ..outbox_core::EmitOptions::default()
+                    },
+                )
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            outcome
+        }
+    };
+    assert!(matches!(
+        keyed(100).await,
+        outbox_core::EmitOutcome::Emitted(_)
+    ));
+    // Published two hours ago; the key is as old.
+    db.execute(
+        "UPDATE {s}.outbox_events SET status = 'published',
+            published_at = now() - interval '2 hours', created_at = now() - interval '2 hours'",
+    )
+    .await;
+    db.execute("UPDATE {s}.outbox_idempotency_keys SET created_at = now() - interval '2 hours'")
+        .await;
+
+    let dry = tool(&db, &["cleanup", "--older-than", "1h"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    assert!(
+        stdout(&dry).contains("idempotency keys"),
+        "the dry run says what happens to keys: {}",
+        stdout(&dry)
+    );
+    let done = tool(
+        &db,
+        &[
+            "--json",
+            "cleanup",
+            "--older-than",
+            "1h",
+            "--execute",
+            "--reason",
+            "hourly retention of published rows",
+        ],
+    );
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+    let report: Value = serde_json::from_str(&stdout(&done)).unwrap();
+    assert_eq!(report["deleted"], 1);
+    assert_eq!(
+        report["keys_deleted"], 0,
+        "keys younger than the key retention (7 days) stay: {report}"
+    );
+    assert_eq!(
+        db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_idempotency_keys")
+            .await,
+        1
+    );
+    // The client retries its command: still one event.
+    assert!(
+        matches!(keyed(100).await, outbox_core::EmitOutcome::Duplicate { .. }),
+        "a retried command within the key retention is a duplicate"
+    );
+
+    // A shorter key retention only when asked for.
+    let keys = tool(
+        &db,
+        &[
+            "--json",
+            "cleanup",
+            "--older-than",
+            "1h",
+            "--keys-older-than",
+            "1h",
+            "--execute",
+            "--reason",
+            "clients retry for at most an hour",
+        ],
+    );
+    assert_eq!(keys.status.code(), Some(0), "{}", stderr(&keys));
+    let report: Value = serde_json::from_str(&stdout(&keys)).unwrap();
+    assert_eq!(report["keys_deleted"], 1, "{report}");
+    db.drop_schema().await;
+}
+
+/// Emits versions 1..=3 of `aggregate`, marks 1 and 2 published and
+/// leaves 3 as the relay leaves a head whose publish failed and waits for
+/// its retry at `retry_in` from now; returns the three ids.
+async fn retrying_head_after_two_published(
+    db: &TestDb,
+    aggregate: &str,
+    retry_in: &str,
+) -> Vec<Uuid> {
+    let mut tx = db.pool.begin().await.unwrap();
+    let emitted = db
+        .outbox
+        .emit_all(
+            &mut tx,
+            &[
+                charge(aggregate, 1),
+                charge(aggregate, 2),
+                charge(aggregate, 3),
+            ],
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let ids: Vec<Uuid> = emitted.iter().map(|e| e.event_id).collect();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {}.outbox_events SET status = 'published', published_at = now(), attempt_count = 1
+         WHERE id = ANY($1)",
+        db.schema.as_str()
+    )))
+    .bind(&ids[..2])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH head AS (
+            UPDATE {s}.outbox_events SET attempt_count = 2, last_error = 'broker timed out',
+                   next_attempt_at = now() + $2::interval
+            WHERE id = $1 RETURNING aggregate_type, aggregate_id, id)
+         INSERT INTO {s}.outbox_blocked_aggregates (aggregate_type, aggregate_id, head_event_id)
+         SELECT * FROM head",
+        s = db.schema.as_str()
+    )))
+    .bind(ids[2])
+    .bind(retry_in)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    ids
+}
+
+#[tokio::test]
+async fn a_version_republished_behind_a_retrying_head_is_published_first_and_the_head_can_be_retried_now()
+ {
+    let db = TestDb::new().await;
+    let ids = retrying_head_after_two_published(&db, "ch-1", "-1 second").await;
+    let ops = Ops::new(db.pool.clone(), db.schema.clone());
+    let report = ops
+        .republish(&ids[..1], &request("billing lost v1"))
+        .await
+        .unwrap();
+    assert_eq!(report.count("republished"), 1);
+    // The claim outside a worker takes the republished version, then the
+    // due head, in version order.
+    let store = PgRelayStore::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        outbox_core::relay::FailedHeadPolicy::Block,
+        Duration::from_secs(120),
+    );
+    {
+        use outbox_core::relay::{ClaimedBatch, RelayStore};
+        let batch = store.claim(10).await.unwrap();
+        let versions: Vec<i64> = batch
+            .events()
+            .iter()
+            .map(|e| e.envelope.aggregate_version)
+            .collect();
+        assert_eq!(
+            versions,
+            vec![1, 3],
+            "the republished lower version is not stuck behind the blocked head"
+        );
+        batch.release().await.unwrap();
+    }
+    // Relay workers publish them in the same order.
+    let transport = RecordingTransport::new();
+    let relay = start_relay(&db, transport.clone()).await;
+    wait::until("v1 and v3 published", Duration::from_secs(20), || async {
+        transport.published_count() == 2
+    })
+    .await;
+    relay.drain(Duration::from_secs(5)).await.unwrap();
+    let versions: Vec<i64> = transport
+        .published()
+        .iter()
+        .map(|e| e.aggregate_version)
+        .collect();
+    assert_eq!(versions, vec![1, 3]);
+
+    // A head whose next retry is an hour away: the operator retries it now.
+    let ids = retrying_head_after_two_published(&db, "ch-2", "1 hour").await;
+    let blocked = tool(&db, &["blocked", "list"]);
+    assert!(stdout(&blocked).contains("ch-2"), "{}", stdout(&blocked));
+    let head = ids[2].to_string();
+    let retried = tool(
+        &db,
+        &[
+            "blocked",
+            "retry",
+            "--id",
+            &head,
+            "--reason",
+            "the broker is back; do not wait an hour",
+        ],
+    );
+    assert_eq!(retried.status.code(), Some(0), "{}", stderr(&retried));
+    let due: bool = db
+        .scalar(&format!(
+            "SELECT next_attempt_at <= now() FROM {{s}}.outbox_events WHERE id = '{head}'"
+        ))
+        .await;
+    assert!(due, "the head is due now");
+    let audit = ops.audit(None, None).await.unwrap();
+    assert_eq!(audit.items[0].action, "relay.retry_blocked");
+    db.drop_schema().await;
+}

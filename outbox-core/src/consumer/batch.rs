@@ -1,7 +1,15 @@
-//! Batch mode: up to N messages in one transaction with one inbox
-//! statement. A handler error rolls the batch back and every message is
-//! processed on its own, so each gets exactly the outcome it would have
-//! alone.
+//! Batch mode: up to N messages in one transaction. One statement records
+//! them in the inbox, one locks and reads the positions of their
+//! aggregates, the ordering decisions are made in memory, and one
+//! statement after the handlers writes the moved positions and the parked
+//! messages (and finds a transaction a handler left aborted). So a batch
+//! costs its handlers' statements plus a fixed handful, whatever the
+//! ordering policy. Each aggregate's messages are applied in version order
+//! within the batch (a batch holding v3, v1, v2 of one aggregate applies
+//! v1, v2, v3); a gap parks only that aggregate's later messages.
+//!
+//! A handler error rolls the batch back and every message is processed on
+//! its own, so each gets exactly the outcome it would have alone.
 //!
 //! Locks are taken in the order the single-message path takes them:
 //! inbox keys first (sorted by event id), then the positions of the
@@ -9,21 +17,90 @@
 //! instance on overlapping messages wait for each other instead of
 //! deadlocking.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use uuid::Uuid;
 
 use super::Consumer;
 use super::config::Ordering;
 use super::incoming::{Incoming, Outcome};
-use super::process::{ConsumerError, Gate, Prepared, transaction_intact};
-use crate::store::consumer::LetterKind;
+use super::process::{ConsumerError, Gate, Prepared, before_start_reason, strict_gate};
+use crate::envelope::Envelope;
+use crate::store::consumer::{LetterKind, MovedPosition, Position};
+
+type Aggregate = (String, String);
+
+/// What a batch changes in positions and parked messages, written after
+/// its handlers in one statement.
+#[derive(Default)]
+struct Settlement {
+    positions: HashMap<Aggregate, Position>,
+    moved: BTreeMap<Aggregate, MovedPosition>,
+    parked: Vec<Envelope>,
+}
+
+impl Settlement {
+    /// The ordering policy for `envelope` against the batch's view of its
+    /// aggregate's position.
+    fn gate(&self, ordering: Ordering, envelope: &Envelope) -> Gate {
+        let position = self
+            .positions
+            .get(&aggregate_of(envelope))
+            .copied()
+            .unwrap_or(Position {
+                version: 0,
+                pinned: false,
+                start_version: None,
+            });
+        match ordering {
+            Ordering::Unordered => Gate::Go,
+            Ordering::RejectStale if envelope.aggregate_version > position.version => Gate::Go,
+            Ordering::RejectStale => Gate::Stale(None),
+            Ordering::Strict { .. } => strict_gate(&position, envelope.aggregate_version),
+        }
+    }
+
+    /// The aggregate's position moves to `envelope`'s version.
+    fn advance(&mut self, ordering: Ordering, envelope: &Envelope) {
+        if ordering == Ordering::Unordered {
+            return;
+        }
+        let aggregate = aggregate_of(envelope);
+        let position = self.positions.entry(aggregate.clone()).or_insert(Position {
+            version: 0,
+            pinned: false,
+            start_version: None,
+        });
+        position.version = envelope.aggregate_version;
+        if !position.pinned {
+            position.pinned = true;
+            position.start_version = Some(envelope.aggregate_version);
+        }
+        let start = position.start_version.unwrap_or(envelope.aggregate_version);
+        self.moved.insert(
+            aggregate.clone(),
+            MovedPosition {
+                aggregate,
+                version: envelope.aggregate_version,
+                start,
+            },
+        );
+    }
+}
+
+fn aggregate_of(envelope: &Envelope) -> Aggregate {
+    (
+        envelope.aggregate_type.clone(),
+        envelope.aggregate_id.clone(),
+    )
+}
 
 impl Consumer {
     /// Processes messages in one transaction: one inbox statement for all,
-    /// then each message's policy and handler in order. When a handler
-    /// fails, the batch rolls back and every message is processed on its
-    /// own, so each gets exactly the outcome it would have alone.
+    /// then each message's policy and handler, each aggregate's in version
+    /// order. When a handler fails, the batch rolls back and every message
+    /// is processed on its own, so each gets exactly the outcome it would
+    /// have alone.
     pub async fn handle_batch(&self, batch: &[Incoming]) -> Result<Vec<Outcome>, ConsumerError> {
         let refs: Vec<&Incoming> = batch.iter().collect();
         self.handle_refs(&refs).await
@@ -38,16 +115,27 @@ impl Consumer {
         if batch.len() <= 1 || batch.iter().any(|i| i.attempt() > 1) {
             return self.one_by_one(batch).await;
         }
+        let ordering = self.inner.config.ordering;
         let prepared: Vec<Prepared<'_>> = batch.iter().map(|i| self.prepare(i)).collect();
+        // Under strict ordering the starts of aggregates whose version 1 is
+        // here are fixed (committed) before any of their handlers starts.
+        let readable: Vec<&Envelope> = prepared
+            .iter()
+            .filter_map(|p| match p {
+                Prepared::Ready { envelope, .. } => Some(envelope),
+                Prepared::Unreadable {
+                    envelope: Some(envelope),
+                    ..
+                } => Some(envelope),
+                _ => None,
+            })
+            .collect();
+        self.pin_first_starts(readable).await?;
         // Inbox keys of what is applied or passed over; not of what goes to
         // the quarantine (it holds no inbox row).
         let ids: Vec<Uuid> = prepared
             .iter()
-            .filter_map(|p| match p {
-                Prepared::Ready { envelope, .. } => Some(envelope.id),
-                Prepared::Ignored { envelope } if self.tracks(envelope) => Some(envelope.id),
-                _ => None,
-            })
+            .filter_map(|p| self.inbox_envelope(p).map(|e| e.id))
             .collect();
         let mut tx = self.begin().await?;
         let mut fresh: HashSet<Uuid> = self
@@ -58,43 +146,56 @@ impl Consumer {
             .map_err(self.db_error("recording the batch in the inbox"))?
             .into_iter()
             .collect();
-        if self.inner.config.ordering != Ordering::Unordered {
-            let mut aggregates: Vec<(String, String)> = prepared
+        let mut settlement = Settlement::default();
+        if ordering != Ordering::Unordered {
+            let mut aggregates: Vec<Aggregate> = prepared
                 .iter()
-                .filter_map(|p| match p {
-                    Prepared::Ready { envelope, .. } => Some(envelope),
-                    Prepared::Ignored { envelope } if self.tracks(envelope) => Some(envelope),
-                    _ => None,
-                })
-                .map(|e| (e.aggregate_type.clone(), e.aggregate_id.clone()))
+                .filter_map(|p| self.inbox_envelope(p))
+                .filter(|e| fresh.contains(&e.id))
+                .map(aggregate_of)
                 .collect();
             aggregates.sort_unstable();
             aggregates.dedup();
-            self.inner
-                .sql
-                .lock_positions(&mut tx, &self.inner.name, &aggregates)
-                .await
-                .map_err(self.db_error("locking the batch's aggregate positions"))?;
+            if !aggregates.is_empty() {
+                settlement.positions = self
+                    .inner
+                    .sql
+                    .lock_positions(&mut tx, &self.inner.name, &aggregates)
+                    .await
+                    .map_err(self.db_error("locking the batch's aggregate positions"))?
+                    .into_iter()
+                    .collect();
+            }
         }
-        let mut outcomes = Vec::with_capacity(batch.len());
-        let mut advanced: Vec<(String, String)> = Vec::new();
-        for (incoming, prepared) in batch.iter().zip(prepared) {
+        let order = processing_order(ordering, &prepared);
+        let mut prepared: Vec<Option<Prepared<'_>>> = prepared.into_iter().map(Some).collect();
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        let mut applied: Vec<usize> = Vec::new();
+        for index in order {
+            let Some(prepared) = prepared[index].take() else {
+                continue;
+            };
+            let incoming = batch[index];
             let outcome = match prepared {
                 Prepared::Foreign => Outcome::Foreign,
+                Prepared::Ignored { envelope } if !self.tracks(&envelope) => Outcome::Ignored,
                 Prepared::Ignored { envelope } => {
-                    if !self.tracks(&envelope) {
-                        Outcome::Ignored
-                    } else if !fresh.remove(&envelope.id) {
+                    if !fresh.remove(&envelope.id) {
                         Outcome::Duplicate
                     } else {
-                        let outcome = self.pass_skipped(&mut tx, &envelope).await?;
-                        if outcome == Outcome::Ignored {
-                            advanced.push((
-                                envelope.aggregate_type.clone(),
-                                envelope.aggregate_id.clone(),
-                            ));
+                        match settlement.gate(ordering, &envelope) {
+                            Gate::Go => {
+                                settlement.advance(ordering, &envelope);
+                                Outcome::Ignored
+                            }
+                            Gate::Stale(position) => Outcome::Stale { position },
+                            // A skipped type below the start changes nothing.
+                            Gate::BeforeStart { .. } => Outcome::Stale { position: None },
+                            Gate::Park(waiting_for) => {
+                                settlement.parked.push(envelope);
+                                Outcome::Parked { waiting_for }
+                            }
                         }
-                        outcome
                     }
                 }
                 Prepared::Unreadable { envelope, reason } => {
@@ -121,13 +222,35 @@ impl Consumer {
                     if !fresh.remove(&envelope.id) {
                         Outcome::Duplicate
                     } else {
-                        match self.gate(&mut tx, &envelope).await? {
+                        match settlement.gate(ordering, &envelope) {
                             Gate::Stale(position) => Outcome::Stale { position },
                             Gate::Park(waiting_for) => {
-                                self.park(&mut tx, &envelope).await?;
+                                settlement.parked.push(envelope);
                                 Outcome::Parked { waiting_for }
                             }
-                            Gate::Go { .. } => {
+                            Gate::BeforeStart { start, .. } => {
+                                let reason = before_start_reason(&envelope, start);
+                                self.inner
+                                    .sql
+                                    .forget_processed(&mut tx, &self.inner.name, envelope.id)
+                                    .await
+                                    .map_err(self.db_error("releasing an inbox row"))?;
+                                let written = self
+                                    .write_letter(
+                                        &mut tx,
+                                        LetterKind::DeadLettered,
+                                        incoming,
+                                        Some(&envelope),
+                                        &reason,
+                                    )
+                                    .await?;
+                                if written {
+                                    Outcome::DeadLettered { reason }
+                                } else {
+                                    Outcome::Duplicate
+                                }
+                            }
+                            Gate::Go => {
                                 let result = self
                                     .run_handler(
                                         dispatch,
@@ -137,44 +260,76 @@ impl Consumer {
                                         &mut tx,
                                     )
                                     .await;
-                                let result = match result {
-                                    Ok(()) => transaction_intact(&mut tx).await,
-                                    failed => failed,
-                                };
                                 if result.is_err() {
                                     // Roll back and give every message its own transaction.
                                     let _ = tx.rollback().await;
                                     return self.one_by_one(batch).await;
                                 }
-                                if self.is_strict() {
-                                    self.set_position(&mut tx, &envelope).await?;
-                                    advanced.push((
-                                        envelope.aggregate_type.clone(),
-                                        envelope.aggregate_id.clone(),
-                                    ));
-                                }
+                                settlement.advance(ordering, &envelope);
                                 self.record_lag(&envelope);
+                                applied.push(index);
                                 Outcome::Applied
                             }
                         }
                     }
                 }
             };
-            outcomes.push(outcome);
+            outcomes[index] = Some(outcome);
         }
+        // One statement after the handlers: it also finds a transaction a
+        // handler left aborted by swallowing an error (that message's
+        // failure is then found one by one).
+        let ready = if ordering == Ordering::Unordered {
+            match super::process::transaction_intact(&mut tx).await {
+                Ok(()) => Vec::new(),
+                Err(_) => {
+                    let _ = tx.rollback().await;
+                    return self.one_by_one(batch).await;
+                }
+            }
+        } else {
+            let moved: Vec<MovedPosition> = settlement.moved.into_values().collect();
+            match self
+                .inner
+                .sql
+                .settle_batch(&mut tx, &self.inner.name, &moved, &settlement.parked)
+                .await
+            {
+                Ok(ready) => ready,
+                Err(error) if crate::store::has_sqlstate(&error, "25P02") => {
+                    let _ = tx.rollback().await;
+                    return self.one_by_one(batch).await;
+                }
+                Err(error) => {
+                    return Err(self.db_error("settling the batch's positions")(error));
+                }
+            }
+        };
         tx.commit()
             .await
             .map_err(self.db_error("committing a batch"))?;
         crate::failpoint::hit(crate::failpoint::CONSUMER_AFTER_COMMIT).await;
+        let outcomes: Vec<Outcome> = outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or(Outcome::Duplicate))
+            .collect();
         for outcome in &outcomes {
             self.record(outcome);
         }
-        advanced.sort_unstable();
-        advanced.dedup();
-        for (aggregate_type, aggregate_id) in advanced {
+        for (aggregate_type, aggregate_id) in ready {
             self.drain_logged(&aggregate_type, &aggregate_id).await;
         }
         Ok(outcomes)
+    }
+
+    /// The envelope of a prepared message that takes an inbox row: one to
+    /// apply, or (strict) a skipped type that still moves positions.
+    fn inbox_envelope<'p>(&self, prepared: &'p Prepared<'_>) -> Option<&'p Envelope> {
+        match prepared {
+            Prepared::Ready { envelope, .. } => Some(envelope),
+            Prepared::Ignored { envelope } if self.tracks(envelope) => Some(envelope),
+            _ => None,
+        }
     }
 
     async fn one_by_one(&self, batch: &[&Incoming]) -> Result<Vec<Outcome>, ConsumerError> {
@@ -184,4 +339,47 @@ impl Consumer {
         }
         Ok(outcomes)
     }
+}
+
+/// The order a batch's messages are processed in: under an ordering
+/// policy each aggregate's messages together, by version, aggregates in
+/// the order they first appear; unordered, as delivered.
+fn processing_order<'a>(ordering: Ordering, prepared: &'a [Prepared<'_>]) -> Vec<usize> {
+    if ordering == Ordering::Unordered {
+        return (0..prepared.len()).collect();
+    }
+    let envelope = |p: &'a Prepared<'_>| match p {
+        Prepared::Ready { envelope, .. } | Prepared::Ignored { envelope } => Some(envelope),
+        Prepared::Unreadable { envelope, .. } => envelope.as_ref(),
+        Prepared::Foreign => None,
+    };
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
+    for (index, prepared) in prepared.iter().enumerate() {
+        match envelope(prepared) {
+            Some(envelope) => {
+                let aggregate = (
+                    envelope.aggregate_type.as_str(),
+                    envelope.aggregate_id.as_str(),
+                );
+                match group_of.get(&aggregate) {
+                    Some(&group) => groups[group].push(index),
+                    None => {
+                        group_of.insert(aggregate, groups.len());
+                        groups.push(vec![index]);
+                    }
+                }
+            }
+            None => groups.push(vec![index]),
+        }
+    }
+    groups
+        .into_iter()
+        .flat_map(|mut indices| {
+            indices.sort_by_key(|&index| {
+                envelope(&prepared[index]).map_or(0, |e| e.aggregate_version)
+            });
+            indices
+        })
+        .collect()
 }

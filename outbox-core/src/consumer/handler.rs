@@ -94,6 +94,15 @@ pub struct Received<E> {
 /// `?` converts any error into a retryable one; return
 /// [`HandlerError::permanent`] for a message that no retry can fix (it goes
 /// to the dead letters at once).
+///
+/// Before the consumer shows or stores a failure anywhere (the
+/// [`Outcome::Retry`](super::Outcome::Retry) error, its log lines, a dead
+/// letter's reason, a parked message's last error), the error is reduced
+/// to its text with the event's redacted values taken out
+/// ([`scrub_with_secrets`](crate::scrub_with_secrets)): a database
+/// error that quotes a `#[outbox(redact)]` value the handler passed on
+/// does not carry it further. Log the original inside the handler if you
+/// need it, where you decide what is safe.
 pub struct HandlerError {
     permanent: bool,
     source: BoxError,
@@ -119,6 +128,14 @@ impl HandlerError {
     /// Whether retrying is pointless.
     pub fn is_permanent(&self) -> bool {
         self.permanent
+    }
+
+    /// The same failure with its text replaced (by its redacted form).
+    pub(crate) fn with_message(self, message: String) -> HandlerError {
+        HandlerError {
+            permanent: self.permanent,
+            source: message.into(),
+        }
     }
 
     /// The underlying error.
@@ -196,6 +213,9 @@ pub(crate) trait Dispatch: Send + Sync {
     fn rust_type(&self) -> &'static str;
     /// Decodes and upcasts a payload of any readable version.
     fn decode(&self, envelope: &Envelope) -> Result<Decoded, DecodeError>;
+    /// The values of the handler version's redacted fields in the
+    /// decoded payload (decoded again: only a failure asks for them).
+    fn secrets(&self, envelope: &Envelope) -> Vec<String>;
     /// Runs the handler on a value `decode` returned.
     fn run<'a>(
         &'a self,
@@ -244,6 +264,17 @@ impl<E: OutboxEvent, H: Handler<E>> Dispatch for Typed<E, H> {
     fn decode(&self, envelope: &Envelope) -> Result<Decoded, DecodeError> {
         E::decode(envelope.schema_version, &envelope.payload)
             .map(|event| Box::new(event) as Decoded)
+    }
+
+    fn secrets(&self, envelope: &Envelope) -> Vec<String> {
+        if E::REDACTED_FIELDS.is_empty() {
+            return Vec::new();
+        }
+        E::decode(envelope.schema_version, &envelope.payload)
+            .ok()
+            .and_then(|event| serde_json::to_value(&event).ok())
+            .map(|value| crate::redact::secret_values(&value, Some(E::REDACTED_FIELDS)))
+            .unwrap_or_default()
     }
 
     fn run<'a>(

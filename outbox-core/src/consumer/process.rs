@@ -24,7 +24,7 @@ use super::handler::{Decoded, Dispatch, EventMeta, HandlerError};
 use super::incoming::{Incoming, Outcome};
 use crate::envelope::Envelope;
 use crate::metrics as m;
-use crate::store::consumer::{Letter, LetterKind};
+use crate::store::consumer::{Letter, LetterKind, Position};
 use crate::trace::{self, TraceParent};
 
 /// The consumer could not reach its database; the message was not
@@ -60,15 +60,42 @@ pub(super) enum Prepared<'a> {
 }
 
 /// What the ordering policy says about a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Gate {
-    /// Apply it. `first_start`: strict ordering, and no handler was ever
-    /// started on this aggregate (a failure pins its start here).
-    Go {
-        first_start: bool,
-    },
+    /// Apply it.
+    Go,
+    /// At or below the position: passed over.
     Stale(Option<i64>),
+    /// Strict: below the version the aggregate started at, so never
+    /// applied here: it goes to the dead letters with that reason.
+    BeforeStart { start: i64, position: i64 },
+    /// Strict: a predecessor is missing; it waits for this version.
     Park(i64),
 }
+
+/// Strict ordering's decision for `version` at `position`.
+pub(super) fn strict_gate(position: &Position, version: i64) -> Gate {
+    if version <= position.version {
+        match position.start_version {
+            Some(start) if version < start => Gate::BeforeStart {
+                start,
+                position: position.version,
+            },
+            _ => Gate::Stale(Some(position.version)),
+        }
+    } else if version > position.version + 1 {
+        // A version past a gap always waits first, whatever the pin: one
+        // that overtook a failing predecessor, or reached this instance
+        // first, must not be taken for the start.
+        Gate::Park(position.version + 1)
+    } else {
+        Gate::Go
+    }
+}
+
+/// The error of a handler that returned `Ok` after a statement of its
+/// transaction failed.
+const SWALLOWED: &str = "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back";
 
 impl Consumer {
     pub(super) fn db_error(
@@ -208,30 +235,47 @@ impl Consumer {
         }
     }
 
-    /// Writes the quarantine row (one statement). A message whose event
-    /// was applied already, or that is in the quarantine already, is a
-    /// duplicate.
+    /// Writes the quarantine row. A message whose event was applied
+    /// already, or that is in the quarantine already, is a duplicate.
+    /// Under strict ordering a quarantined version 1 fixes its aggregate's
+    /// start in the same transaction: its successors wait behind the
+    /// letter instead of becoming the start.
     async fn quarantine_one(
         &self,
         incoming: &Incoming,
         envelope: Option<&Envelope>,
         reason: String,
     ) -> Result<Outcome, ConsumerError> {
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(self.db_error("acquiring a connection"))?;
+        let mut tx = self.begin().await?;
+        if let Some(envelope) = envelope
+            && envelope.aggregate_version == 1
+            && self.is_strict()
+            && self.tracks(envelope)
+        {
+            self.inner
+                .sql
+                .pin_first(
+                    &mut tx,
+                    &self.inner.name,
+                    &[(&envelope.aggregate_type, &envelope.aggregate_id)],
+                )
+                .await
+                .map_err(
+                    self.db_error("fixing an aggregate's start at its quarantined version 1"),
+                )?;
+        }
         let written = self
             .write_letter(
-                &mut conn,
+                &mut tx,
                 LetterKind::Quarantined,
                 incoming,
                 envelope,
                 &reason,
             )
             .await?;
+        tx.commit()
+            .await
+            .map_err(self.db_error("committing a quarantine row"))?;
         if !written {
             return Ok(Outcome::Duplicate);
         }
@@ -252,6 +296,7 @@ impl Consumer {
         dispatch: &dyn Dispatch,
         decoded: Decoded,
     ) -> Result<Outcome, ConsumerError> {
+        self.pin_first_starts([&envelope]).await?;
         // A redelivery counts its handler start in a committed row first, so
         // a message that takes the process down each time ends after
         // max_attempts starts; deliveries that never reach a handler (the
@@ -273,7 +318,7 @@ impl Consumer {
                 .await;
         }
         let mut tx = self.begin().await?;
-        if !self.claim(&mut tx, envelope.id).await? {
+        let Some(gate) = self.claim_and_gate(&mut tx, &envelope).await? else {
             if redelivered {
                 self.forget_starts(&mut tx, envelope.id).await?;
                 tx.commit()
@@ -281,18 +326,25 @@ impl Consumer {
                     .map_err(self.db_error("committing a duplicate"))?;
             }
             return Ok(Outcome::Duplicate);
-        }
+        };
         if redelivered {
             // Settled with this transaction; kept when it rolls back.
             self.forget_starts(&mut tx, envelope.id).await?;
         }
-        let first_start = match self.gate(&mut tx, &envelope).await? {
-            Gate::Go { first_start } => first_start,
+        match gate {
+            Gate::Go => {}
             Gate::Stale(position) => {
                 tx.commit()
                     .await
                     .map_err(self.db_error("committing a stale message"))?;
                 return Ok(Outcome::Stale { position });
+            }
+            Gate::BeforeStart { start: first, .. } => {
+                let _ = tx.rollback().await;
+                let reason = before_start_reason(&envelope, first);
+                return self
+                    .dead_letter(incoming, &envelope, reason, incoming.attempt())
+                    .await;
             }
             Gate::Park(waiting_for) => {
                 self.park(&mut tx, &envelope).await?;
@@ -301,24 +353,22 @@ impl Consumer {
                     .map_err(self.db_error("committing a parked message"))?;
                 return Ok(Outcome::Parked { waiting_for });
             }
-        };
-        let mut result = self
-            .run_handler(dispatch, decoded, &envelope, start, &mut tx)
-            .await;
-        if result.is_ok() {
-            result = transaction_intact(&mut tx).await;
         }
+        let result = match self
+            .run_handler(dispatch, decoded, &envelope, start, &mut tx)
+            .await
+        {
+            Ok(()) => self.after_handler(&mut tx, &envelope).await?,
+            Err(error) => Err(error),
+        };
         match result {
-            Ok(()) => {
-                if self.is_strict() {
-                    self.set_position(&mut tx, &envelope).await?;
-                }
+            Ok(successor_parked) => {
                 tx.commit()
                     .await
                     .map_err(self.db_error("committing the handler's transaction"))?;
                 crate::failpoint::hit(crate::failpoint::CONSUMER_AFTER_COMMIT).await;
                 self.record_lag(&envelope);
-                if self.is_strict() {
+                if successor_parked {
                     self.drain_logged(&envelope.aggregate_type, &envelope.aggregate_id)
                         .await;
                 }
@@ -326,14 +376,94 @@ impl Consumer {
             }
             Err(error) => {
                 let _ = tx.rollback().await;
-                if first_start {
-                    // The aggregate starts here even though this start
-                    // failed: a later version that arrives meanwhile waits
-                    // for this one instead of becoming the start.
-                    self.pin_start(&envelope).await?;
-                }
                 self.after_failure(incoming, &envelope, start, error).await
             }
+        }
+    }
+
+    /// Under strict ordering, fixes the start of the never-started
+    /// aggregates whose version 1 is among `envelopes`, in its own
+    /// committed statement, before any handler starts on them: a failure,
+    /// a crash or a letter of that version 1 then holds its successors
+    /// (they park, then go to the dead letters behind it) instead of a
+    /// sweep on another instance making a later version the start.
+    pub(super) async fn pin_first_starts<'e>(
+        &self,
+        envelopes: impl IntoIterator<Item = &'e Envelope>,
+    ) -> Result<(), ConsumerError> {
+        if !self.is_strict() {
+            return Ok(());
+        }
+        let mut firsts: Vec<(&str, &str)> = envelopes
+            .into_iter()
+            .filter(|e| e.aggregate_version == 1 && self.tracks(e))
+            .map(|e| (e.aggregate_type.as_str(), e.aggregate_id.as_str()))
+            .collect();
+        if firsts.is_empty() {
+            return Ok(());
+        }
+        firsts.sort_unstable();
+        firsts.dedup();
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(self.db_error("acquiring a connection"))?;
+        self.inner
+            .sql
+            .pin_first(&mut conn, &self.inner.name, &firsts)
+            .await
+            .map_err(self.db_error("fixing an aggregate's start before its first handler"))
+    }
+
+    /// Records the event in the inbox and applies the ordering policy, in
+    /// one round trip; `None` for a duplicate.
+    async fn claim_and_gate(
+        &self,
+        tx: &mut PgConnection,
+        envelope: &Envelope,
+    ) -> Result<Option<Gate>, ConsumerError> {
+        let sql = &self.inner.sql;
+        let name = &*self.inner.name;
+        match self.inner.config.ordering {
+            Ordering::Unordered => Ok(self.claim(tx, envelope.id).await?.then_some(Gate::Go)),
+            Ordering::RejectStale => Ok(sql
+                .claim_stale(tx, name, envelope)
+                .await
+                .map_err(self.db_error("recording the event and moving its position"))?
+                .map(|moved| if moved { Gate::Go } else { Gate::Stale(None) })),
+            Ordering::Strict { .. } => Ok(sql
+                .claim_strict(tx, name, envelope)
+                .await
+                .map_err(self.db_error("recording the event and locking its position"))?
+                .map(|position| strict_gate(&position, envelope.aggregate_version))),
+        }
+    }
+
+    /// After a handler returned `Ok`: under strict ordering the position
+    /// moves (and says whether the next version waits parked); otherwise
+    /// one trivial statement. Either finds a transaction the handler left
+    /// aborted by swallowing an error, which is then a failed attempt.
+    pub(super) async fn after_handler(
+        &self,
+        tx: &mut PgConnection,
+        envelope: &Envelope,
+    ) -> Result<Result<bool, HandlerError>, ConsumerError> {
+        if !self.is_strict() {
+            return Ok(transaction_intact(tx).await.map(|()| false));
+        }
+        match self
+            .inner
+            .sql
+            .settle_strict(tx, &self.inner.name, envelope)
+            .await
+        {
+            Ok(successor_parked) => Ok(Ok(successor_parked)),
+            Err(error) if crate::store::has_sqlstate(&error, "25P02") => {
+                Ok(Err(HandlerError::retryable(SWALLOWED)))
+            }
+            Err(error) => Err(self.db_error("setting the aggregate position")(error)),
         }
     }
 
@@ -435,16 +565,45 @@ impl Consumer {
             .await;
         metrics::histogram!(m::CONSUMER_HANDLER_DURATION, "consumer" => Arc::clone(&self.inner.name))
             .record(started.elapsed().as_secs_f64());
-        match result {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(panic)) => Err(HandlerError::retryable(format!(
-                "handler panicked: {}",
-                crate::redact::scrub_message(&panic_message(&panic))
-            ))),
-            Err(_) => Err(HandlerError::retryable(format!(
-                "handler timed out after {timeout:?}"
-            ))),
-        }
+        let failure = match result {
+            Ok(Ok(Ok(()))) => return Ok(()),
+            Ok(Ok(Err(error))) => error,
+            Ok(Err(panic)) => {
+                HandlerError::retryable(format!("handler panicked: {}", panic_message(&panic)))
+            }
+            Err(_) => {
+                return Err(HandlerError::retryable(format!(
+                    "handler timed out after {timeout:?}"
+                )));
+            }
+        };
+        Err(self.redacted(failure, dispatch, envelope))
+    }
+
+    /// A handler's failure as everything after it may show and store it:
+    /// its text without the event's redacted values (those of the version
+    /// it was written with and of the handler's version). The one place
+    /// handler error text passes through on its way to outcomes, logs,
+    /// letters and parked messages.
+    fn redacted(
+        &self,
+        failure: HandlerError,
+        dispatch: &dyn Dispatch,
+        envelope: &Envelope,
+    ) -> HandlerError {
+        let raw: serde_json::Value =
+            serde_json::from_str(envelope.payload.get()).unwrap_or(serde_json::Value::Null);
+        let written_with = self
+            .inner
+            .registry
+            .get(&envelope.event_type, envelope.schema_version)
+            .map(|contract| contract.redacted_fields);
+        let mut secrets = crate::redact::secret_values(&raw, written_with);
+        secrets.extend(dispatch.secrets(envelope));
+        secrets.sort_unstable_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        secrets.dedup();
+        let message = crate::redact::scrub_with_secrets(&failure.to_string(), &secrets);
+        failure.with_message(message)
     }
 
     async fn count_start(&self, event_id: Uuid) -> Result<u32, ConsumerError> {
@@ -490,7 +649,8 @@ impl Consumer {
     }
 
     /// The ordering policy on the aggregate's position (locked under
-    /// strict ordering until the transaction ends).
+    /// strict ordering until the transaction ends), for an event already
+    /// recorded in the inbox (replays, skipped types).
     pub(super) async fn gate(
         &self,
         tx: &mut PgConnection,
@@ -499,33 +659,20 @@ impl Consumer {
         let sql = &self.inner.sql;
         let name = &*self.inner.name;
         match self.inner.config.ordering {
-            Ordering::Unordered => Ok(Gate::Go { first_start: false }),
+            Ordering::Unordered => Ok(Gate::Go),
             Ordering::RejectStale => {
                 let newer = sql
                     .advance_if_newer(tx, name, envelope)
                     .await
                     .map_err(self.db_error("moving the aggregate position"))?;
-                Ok(if newer {
-                    Gate::Go { first_start: false }
-                } else {
-                    Gate::Stale(None)
-                })
+                Ok(if newer { Gate::Go } else { Gate::Stale(None) })
             }
             Ordering::Strict { .. } => {
                 let position = sql
                     .lock_position(tx, name, &envelope.aggregate_type, &envelope.aggregate_id)
                     .await
                     .map_err(self.db_error("locking the aggregate position"))?;
-                let version = envelope.aggregate_version;
-                Ok(if version <= position.version {
-                    Gate::Stale(Some(position.version))
-                } else if version > position.version + 1 {
-                    Gate::Park(position.version + 1)
-                } else {
-                    Gate::Go {
-                        first_start: !position.pinned,
-                    }
-                })
+                Ok(strict_gate(&position, envelope.aggregate_version))
             }
         }
     }
@@ -606,11 +753,19 @@ pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 pub(super) async fn transaction_intact(tx: &mut PgConnection) -> Result<(), HandlerError> {
     match sqlx::query("SELECT 1").execute(&mut *tx).await {
         Ok(_) => Ok(()),
-        Err(error) if crate::store::has_sqlstate(&error, "25P02") => Err(HandlerError::retryable(
-            "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back",
-        )),
+        Err(error) if crate::store::has_sqlstate(&error, "25P02") => {
+            Err(HandlerError::retryable(SWALLOWED))
+        }
         Err(error) => Err(HandlerError::retryable(error)),
     }
+}
+
+/// Why a strict consumer dead-letters a version below its aggregate's start.
+pub(super) fn before_start_reason(envelope: &Envelope, start: i64) -> String {
+    format!(
+        "strict ordering: version {} of {}/{} arrived after the aggregate was started at version {start} (the lowest version that arrived within the park timeout); it was never applied here",
+        envelope.aggregate_version, envelope.aggregate_type, envelope.aggregate_id
+    )
 }
 
 /// PostgreSQL text and jsonb cannot hold NUL characters; a message that

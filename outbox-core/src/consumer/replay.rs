@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::Consumer;
 use super::incoming::{Incoming, Outcome};
-use super::process::{ConsumerError, Gate, Prepared, transaction_intact};
+use super::process::{ConsumerError, Gate, Prepared};
 use crate::audit::{RepairError, RepairRequest};
 use crate::metrics as m;
 use crate::store::audit::AuditSql;
@@ -29,11 +29,17 @@ pub enum ReplayOutcome {
     /// The consumer had applied the event already; the letter is closed,
     /// nothing was applied again.
     AlreadyApplied,
-    /// The aggregate's position is at or past this version; the letter is
-    /// closed, nothing was applied.
+    /// The aggregate's position is at or past this version: nothing was
+    /// applied. Under `RejectStale` that is the policy (a newer version
+    /// was applied) and the letter is closed. Under `Strict` the version
+    /// was never applied here (an operator passed it, or the aggregate
+    /// started above it): the letter stays open as the record of it;
+    /// discard it if that is intended.
     Stale {
         /// The position.
         position: Option<i64>,
+        /// Whether the letter stays open (strict ordering).
+        letter_open: bool,
     },
     /// Strict ordering: its predecessor is still missing; the message now
     /// waits in the parked table (and is applied in order when the
@@ -80,7 +86,26 @@ impl ReplayOutcome {
             ReplayOutcome::Failed { .. }
                 | ReplayOutcome::StillUnreadable { .. }
                 | ReplayOutcome::NotFound
+                | ReplayOutcome::Stale {
+                    letter_open: true,
+                    ..
+                }
         )
+    }
+
+    /// Whether the replay did what it was for: the event is applied (now
+    /// or before), or the consumer has no handler for it. Anything else
+    /// (stale, parked, failed, still unreadable, not found) is not a
+    /// success, whether or not the letter was closed; `outbox … replay
+    /// --wait` exits 1 for it.
+    pub fn succeeded(&self) -> bool {
+        Self::label_succeeded(self.label())
+    }
+
+    /// [`succeeded`](Self::succeeded) for an outcome's label, as the audit
+    /// row records it.
+    pub fn label_succeeded(label: &str) -> bool {
+        matches!(label, "applied" | "already_applied" | "ignored")
     }
 }
 
@@ -296,6 +321,33 @@ impl Consumer {
         Ok(())
     }
 
+    /// A replay that applied nothing and leaves its letter open: the
+    /// replay's transaction is rolled back (no inbox row, no position
+    /// change), and the letter records why in its own transaction, with
+    /// the request's outcome.
+    async fn replay_not_applied(
+        &self,
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        letter_id: i64,
+        why: &str,
+        outcome: ReplayOutcome,
+        requested: Option<&Requested>,
+    ) -> Result<ReplayOutcome, ConsumerError> {
+        let _ = tx.rollback().await;
+        let mut tx = self.begin().await?;
+        self.inner
+            .sql
+            .letter_replay_failed(&mut tx, &self.inner.name, letter_id, why)
+            .await
+            .map_err(self.db_error("recording a replay that applied nothing"))?;
+        self.settle_request(&mut tx, letter_id, &outcome, requested)
+            .await?;
+        tx.commit()
+            .await
+            .map_err(self.db_error("committing a replay that applied nothing"))?;
+        Ok(outcome)
+    }
+
     async fn replay_one(
         &self,
         letter_id: i64,
@@ -349,7 +401,13 @@ impl Consumer {
                     (ReplayOutcome::AlreadyApplied, None)
                 } else {
                     match self.pass_skipped(&mut tx, &envelope).await? {
-                        Outcome::Stale { position } => (ReplayOutcome::Stale { position }, None),
+                        Outcome::Stale { position } => (
+                            ReplayOutcome::Stale {
+                                position,
+                                letter_open: false,
+                            },
+                            None,
+                        ),
                         Outcome::Parked { waiting_for } => {
                             (ReplayOutcome::Parked { waiting_for }, None)
                         }
@@ -362,48 +420,79 @@ impl Consumer {
                 dispatch,
                 decoded,
             } => {
+                // Committed on its own before the handler can start, as on
+                // the main path.
+                self.pin_first_starts([&envelope]).await?;
                 if !self.claim_for_replay(&mut tx, envelope.id).await? {
                     (ReplayOutcome::AlreadyApplied, None)
                 } else {
                     match self.gate(&mut tx, &envelope).await? {
-                        Gate::Stale(position) => (ReplayOutcome::Stale { position }, None),
+                        Gate::Stale(position) if !self.is_strict() => {
+                            let outcome = ReplayOutcome::Stale {
+                                position,
+                                letter_open: false,
+                            };
+                            (outcome, None)
+                        }
+                        Gate::Stale(position) => {
+                            let why = format!(
+                                "strict ordering: the position ({}) is at or past version {}, which was never applied here (passed by an operator?); the letter stays open: discard it if that is intended",
+                                position.unwrap_or_default(),
+                                envelope.aggregate_version
+                            );
+                            let outcome = ReplayOutcome::Stale {
+                                position,
+                                letter_open: true,
+                            };
+                            return self
+                                .replay_not_applied(tx, letter_id, &why, outcome, requested)
+                                .await;
+                        }
+                        Gate::BeforeStart { start, position } => {
+                            let why = format!(
+                                "{}; the letter stays open: discard it if that is intended",
+                                super::process::before_start_reason(&envelope, start)
+                            );
+                            let outcome = ReplayOutcome::Stale {
+                                position: Some(position),
+                                letter_open: true,
+                            };
+                            return self
+                                .replay_not_applied(tx, letter_id, &why, outcome, requested)
+                                .await;
+                        }
                         Gate::Park(waiting_for) => {
                             self.park(&mut tx, &envelope).await?;
                             (ReplayOutcome::Parked { waiting_for }, None)
                         }
-                        Gate::Go { first_start } => {
+                        Gate::Go => {
                             let result = match self
                                 .run_handler(dispatch, decoded, &envelope, 1, &mut tx)
                                 .await
                             {
-                                Ok(()) => transaction_intact(&mut tx).await,
-                                failed => failed,
+                                Ok(()) => self.after_handler(&mut tx, &envelope).await?,
+                                Err(error) => Err(error),
                             };
-                            if let Err(error) = result {
-                                let _ = tx.rollback().await;
-                                if first_start {
-                                    self.pin_start(&envelope).await?;
+                            match result {
+                                Err(error) => {
+                                    let error = error.to_string();
+                                    let outcome = ReplayOutcome::Failed {
+                                        error: error.clone(),
+                                    };
+                                    return self
+                                        .replay_not_applied(
+                                            tx, letter_id, &error, outcome, requested,
+                                        )
+                                        .await;
                                 }
-                                let error = crate::redact::scrub_message(&error.to_string());
-                                let mut tx = self.begin().await?;
-                                sql.letter_replay_failed(&mut tx, name, letter_id, &error)
-                                    .await
-                                    .map_err(self.db_error("recording a failed replay"))?;
-                                let outcome = ReplayOutcome::Failed { error };
-                                self.settle_request(&mut tx, letter_id, &outcome, requested)
-                                    .await?;
-                                tx.commit()
-                                    .await
-                                    .map_err(self.db_error("committing a failed replay"))?;
-                                return Ok(outcome);
+                                Ok(successor_parked) => {
+                                    // No lag: a replayed event is as old as
+                                    // its letter, which says nothing about
+                                    // the stream.
+                                    self.inner.tally.applied();
+                                    (ReplayOutcome::Applied, successor_parked.then_some(envelope))
+                                }
                             }
-                            if self.is_strict() {
-                                self.set_position(&mut tx, &envelope).await?;
-                            }
-                            // No lag: a replayed event is as old as its
-                            // letter, which says nothing about the stream.
-                            self.inner.tally.applied();
-                            (ReplayOutcome::Applied, self.is_strict().then_some(envelope))
                         }
                     }
                 }

@@ -44,22 +44,6 @@ impl Consumer {
             .map_err(self.db_error("setting the aggregate position"))
     }
 
-    /// Pins a never-started aggregate's start just below `envelope`, whose
-    /// handler was started (and failed).
-    pub(super) async fn pin_start(&self, envelope: &Envelope) -> Result<(), ConsumerError> {
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(self.db_error("acquiring a connection"))?;
-        self.inner
-            .sql
-            .pin_position(&mut conn, &self.inner.name, envelope)
-            .await
-            .map_err(self.db_error("pinning the aggregate's start"))
-    }
-
     pub(super) async fn park(
         &self,
         tx: &mut PgConnection,
@@ -319,11 +303,14 @@ impl Consumer {
     }
 
     /// Settles an aggregate whose parked messages waited past the timeout,
-    /// under its position lock: starts it at its lowest parked version when
-    /// it was never started and the consumer starts strict aggregates at
-    /// the lowest version seen; otherwise moves its parked messages to the
-    /// dead letters when the next version is still missing and the oldest
-    /// parked message is still past the timeout.
+    /// under its position lock. A never-started aggregate, when the
+    /// consumer starts strict aggregates at the lowest version seen, starts
+    /// at the lowest version that arrived: a parked one (applied from
+    /// there), or one in a letter (then nothing above it may start the
+    /// aggregate, and the parked messages wait behind the letter). Parked
+    /// messages whose missing predecessor still has not come move to the
+    /// dead letters, their reason naming the letter that holds it, if one
+    /// does.
     async fn expire(
         &self,
         aggregate_type: &str,
@@ -332,40 +319,67 @@ impl Consumer {
     ) -> Result<Expired, ConsumerError> {
         let sql = &self.inner.sql;
         let name = &*self.inner.name;
+        let aggregate = (aggregate_type, aggregate_id);
         let mut tx = self.begin().await?;
-        let position = sql
+        let mut position = sql
             .lock_position(&mut tx, name, aggregate_type, aggregate_id)
             .await
             .map_err(self.db_error("locking the aggregate position"))?;
         if !position.pinned && self.inner.config.strict_start == StrictStart::LowestSeen {
             let start = sql
-                .baseline(&mut tx, name, (aggregate_type, aggregate_id))
+                .baseline(&mut tx, name, aggregate)
                 .await
-                .map_err(self.db_error("starting an aggregate at its lowest parked version"))?;
-            tx.commit()
-                .await
-                .map_err(self.db_error("committing an aggregate's start"))?;
-            if let Some(start) = start {
-                tracing::info!(
-                    consumer = %name, aggregate_type, aggregate_id, first_version = start + 1,
-                    "strict ordering: an aggregate this consumer never saw before starts at its lowest version that arrived"
-                );
-                metrics::counter!(m::CONSUMER_STRICT_STARTS, "consumer" => name.to_owned())
-                    .increment(1);
+                .map_err(self.db_error("starting an aggregate at its lowest version seen"))?;
+            match start {
+                Some((version, true)) => {
+                    tx.commit()
+                        .await
+                        .map_err(self.db_error("committing an aggregate's start"))?;
+                    tracing::info!(
+                        consumer = %name, aggregate_type, aggregate_id, first_version = version + 1,
+                        "strict ordering: an aggregate this consumer never saw before starts at its lowest version that arrived"
+                    );
+                    metrics::counter!(m::CONSUMER_STRICT_STARTS, "consumer" => name.to_owned())
+                        .increment(1);
+                    let applied = self.drain(aggregate_type, aggregate_id).await?;
+                    return Ok(Expired::Started { applied });
+                }
+                // Its lowest version is in a letter: the aggregate starts
+                // there, and what is parked waits behind it.
+                Some((version, false)) => position.version = version,
+                None => {
+                    tx.commit()
+                        .await
+                        .map_err(self.db_error("committing an aggregate's start"))?;
+                    return Ok(Expired::DeadLettered(0));
+                }
             }
-            let applied = self.drain(aggregate_type, aggregate_id).await?;
-            return Ok(Expired::Started { applied });
         }
-        let reason = format!(
-            "strict ordering: version {} of {aggregate_type}/{aggregate_id} did not arrive within {park_timeout:?} (position {}); the later versions waited for it",
-            position.version + 1,
-            position.version
-        );
+        let missing = position.version + 1;
+        let hole = sql
+            .open_letter_at(&mut tx, name, aggregate, missing)
+            .await
+            .map_err(self.db_error("looking for the letter of a missing version"))?;
+        let reason = match hole {
+            Some((letter, kind)) => format!(
+                "strict ordering: version {missing} of {aggregate_type}/{aggregate_id} is in this consumer's {} (letter {letter}); the later versions waited for it past {park_timeout:?} (position {}): replay the letters in version order once it can be applied",
+                if kind == "quarantined" {
+                    "quarantine"
+                } else {
+                    "dead letters"
+                },
+                position.version
+            ),
+            None => format!(
+                "strict ordering: version {missing} of {aggregate_type}/{aggregate_id} did not arrive within {park_timeout:?} (position {}); the later versions waited for it",
+                position.version
+            ),
+        };
         let moved = sql
             .expire_parked(
                 &mut tx,
                 name,
-                (aggregate_type, aggregate_id),
+                aggregate,
                 position.version,
                 park_timeout.as_secs_f64(),
                 &reason,
@@ -416,12 +430,15 @@ impl Consumer {
         envelope: &Envelope,
     ) -> Result<Outcome, ConsumerError> {
         Ok(match self.gate(tx, envelope).await? {
+            // Nothing to apply below the start either: a skipped type only
+            // moves positions.
             Gate::Stale(position) => Outcome::Stale { position },
+            Gate::BeforeStart { .. } => Outcome::Stale { position: None },
             Gate::Park(waiting_for) => {
                 self.park(tx, envelope).await?;
                 Outcome::Parked { waiting_for }
             }
-            Gate::Go { .. } => {
+            Gate::Go => {
                 self.set_position(tx, envelope).await?;
                 Outcome::Ignored
             }

@@ -57,10 +57,15 @@ pub(crate) struct ConsumerSql {
     inbox_many: String,
     lock_positions: String,
     advance_if_newer: String,
+    claim_strict: String,
+    claim_stale: String,
     lock_position: String,
     set_position: String,
-    pin_position: String,
+    settle_strict: String,
+    settle_batch: String,
+    pin_first: String,
     baseline: String,
+    open_letter_at: String,
     park: String,
     start_parked: String,
     lock_parked: String,
@@ -131,14 +136,17 @@ impl ConsumerSql {
             ),
             // Batch mode: locks the position rows of all the batch's
             // aggregates in one sorted pass, so two instances with
-            // overlapping batches wait for each other instead of deadlocking.
+            // overlapping batches wait for each other instead of
+            // deadlocking, and reads them: the batch's ordering decisions
+            // are made in memory from here.
             lock_positions: format!(
                 "INSERT INTO {s}.outbox_consumer_positions AS p
                     (consumer_name, aggregate_type, aggregate_id, version, pinned)
                  SELECT $1, t, i, 0, false FROM unnest($2::text[], $3::text[]) AS u(t, i)
                  ORDER BY t, i
                  ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
-                 DO UPDATE SET version = p.version"
+                 DO UPDATE SET version = p.version
+                 RETURNING p.aggregate_type, p.aggregate_id, p.version, p.pinned, p.start_version"
             ),
             // RejectStale: one statement locks the position row and moves
             // it forward only when the message is newer; no row back means
@@ -152,6 +160,49 @@ impl ConsumerSql {
                  WHERE p.version < EXCLUDED.version
                  RETURNING p.version"
             ),
+            // Strict, one message: the inbox key, then (only for a new
+            // event) the position row locked and read, in one round trip.
+            // The position insert reads the inbox insert's row, so the
+            // inbox key is always taken first, as everywhere else. No row
+            // back: a duplicate (or an open letter holds the event).
+            claim_strict: format!(
+                "WITH inbox AS (
+                    INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
+                    SELECT $1, $2 WHERE NOT EXISTS (
+                        SELECT 1 FROM {s}.outbox_dead_letters
+                        WHERE consumer_name = $1 AND event_id = $2 AND resolved_at IS NULL)
+                    ON CONFLICT DO NOTHING
+                    RETURNING event_id
+                 )
+                 INSERT INTO {s}.outbox_consumer_positions AS p
+                    (consumer_name, aggregate_type, aggregate_id, version, pinned)
+                 SELECT $1, $3, $4, 0, false FROM inbox
+                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+                 DO UPDATE SET version = p.version
+                 RETURNING p.version, p.pinned, p.start_version"
+            ),
+            // RejectStale, one message: the inbox key, then the position
+            // moved forward when the message is newer (locked either way).
+            claim_stale: format!(
+                "WITH inbox AS (
+                    INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
+                    SELECT $1, $2 WHERE NOT EXISTS (
+                        SELECT 1 FROM {s}.outbox_dead_letters
+                        WHERE consumer_name = $1 AND event_id = $2 AND resolved_at IS NULL)
+                    ON CONFLICT DO NOTHING
+                    RETURNING event_id
+                 ),
+                 moved AS (
+                    INSERT INTO {s}.outbox_consumer_positions AS p
+                        (consumer_name, aggregate_type, aggregate_id, version)
+                    SELECT $1, $3, $4, $5 FROM inbox
+                    ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+                    DO UPDATE SET version = EXCLUDED.version, updated_at = now()
+                    WHERE p.version < EXCLUDED.version
+                    RETURNING 1
+                 )
+                 SELECT (SELECT count(*) FROM inbox) AS fresh, (SELECT count(*) FROM moved) AS moved"
+            ),
             // Strict: lock the position row (creating it at 0, not pinned)
             // and read it.
             lock_position: format!(
@@ -160,34 +211,106 @@ impl ConsumerSql {
                  VALUES ($1, $2, $3, 0, false)
                  ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
                  DO UPDATE SET version = p.version
-                 RETURNING p.version, p.pinned"
+                 RETURNING p.version, p.pinned, p.start_version"
             ),
+            // Strict: the locked position moves to $4; an aggregate that
+            // starts here keeps $4 as its start.
             set_position: format!(
-                "UPDATE {s}.outbox_consumer_positions SET version = $4, pinned = true, updated_at = now()
+                "UPDATE {s}.outbox_consumer_positions
+                 SET version = $4, pinned = true, updated_at = now(),
+                     start_version = CASE WHEN pinned THEN start_version ELSE coalesce(start_version, $4) END
                  WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3"
             ),
-            // Strict: a handler started on an aggregate that was never
-            // started before: its version ($4 + 1) is where the aggregate
-            // starts, even though the handler failed.
-            pin_position: format!(
+            // Strict, after a handler: as `set_position`, and says whether
+            // the next version waits parked (and may start): only then is
+            // there a drain to run after the commit. Also the statement
+            // that finds a transaction the handler left aborted.
+            settle_strict: format!(
+                "UPDATE {s}.outbox_consumer_positions
+                 SET version = $4, pinned = true, updated_at = now(),
+                     start_version = CASE WHEN pinned THEN start_version ELSE coalesce(start_version, $4) END
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                 RETURNING EXISTS (
+                    SELECT 1 FROM {s}.outbox_consumer_parked k
+                    WHERE k.consumer_name = $1 AND k.aggregate_type = $2 AND k.aggregate_id = $3
+                      AND k.aggregate_version = $4 + 1 AND (k.retry_at IS NULL OR k.retry_at <= now()))"
+            ),
+            // Batch mode, after the handlers: the positions the batch moved
+            // (or pinned: version unchanged, start given), the messages it
+            // parked, and the aggregates whose next version now waits
+            // parked, in one round trip. Binds: consumer; aggregate types,
+            // ids, new versions, start versions; parked event ids, their
+            // aggregate types, ids, versions, envelopes (JSON text).
+            settle_batch: format!(
+                "WITH moved AS (
+                    UPDATE {s}.outbox_consumer_positions p
+                    SET version = u.v, pinned = true, updated_at = now(),
+                        start_version = CASE WHEN p.pinned THEN p.start_version
+                                             ELSE coalesce(p.start_version, u.first) END
+                    FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u(t, i, v, first)
+                    WHERE p.consumer_name = $1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i
+                    RETURNING p.aggregate_type, p.aggregate_id, p.version
+                 ),
+                 parked AS (
+                    INSERT INTO {s}.outbox_consumer_parked
+                        (consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, envelope)
+                    SELECT $1, e, t, i, v, j::json
+                    FROM unnest($6::uuid[], $7::text[], $8::text[], $9::bigint[], $10::text[]) AS k(e, t, i, v, j)
+                    ON CONFLICT DO NOTHING
+                 )
+                 SELECT m.aggregate_type, m.aggregate_id FROM moved m
+                 WHERE EXISTS (
+                    SELECT 1 FROM {s}.outbox_consumer_parked k
+                    WHERE k.consumer_name = $1 AND k.aggregate_type = m.aggregate_type
+                      AND k.aggregate_id = m.aggregate_id AND k.aggregate_version = m.version + 1
+                      AND (k.retry_at IS NULL OR k.retry_at <= now()))"
+            ),
+            // Strict: fixes the start of never-started aggregates at
+            // version 1, committed before a handler starts on their
+            // version 1 (or a letter is written for it): a failure, a crash
+            // or a quarantine of that version then holds its successors
+            // instead of letting the sweep start the aggregate past it.
+            // Sorted, so two instances lock in one order.
+            pin_first: format!(
                 "INSERT INTO {s}.outbox_consumer_positions AS p
-                    (consumer_name, aggregate_type, aggregate_id, version, pinned)
-                 VALUES ($1, $2, $3, $4, true)
+                    (consumer_name, aggregate_type, aggregate_id, version, pinned, start_version)
+                 SELECT $1, t, i, 0, true, 1 FROM unnest($2::text[], $3::text[]) AS u(t, i)
+                 ORDER BY t, i
                  ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
-                 DO UPDATE SET version = EXCLUDED.version, pinned = true, updated_at = now()
+                 DO UPDATE SET pinned = true, start_version = 1, updated_at = now()
                  WHERE NOT p.pinned"
             ),
             // Strict, start at the lowest version seen: an aggregate never
             // started whose parked messages waited past the timeout starts
-            // just below the lowest of them. Under the position lock.
+            // at the lowest version that arrived, parked or lettered (a
+            // quarantined or dead-lettered version arrived too: nothing
+            // above it may start the aggregate). Under the position lock.
+            // Returns the new position and whether that lowest version is
+            // parked (false: it is in a letter, and the aggregate waits
+            // for it).
             baseline: format!(
                 "UPDATE {s}.outbox_consumer_positions p
-                 SET version = k.lowest - 1, pinned = true, updated_at = now()
-                 FROM (SELECT min(aggregate_version) AS lowest FROM {s}.outbox_consumer_parked
-                       WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3) k
+                 SET version = k.lowest - 1, pinned = true, start_version = k.lowest, updated_at = now()
+                 FROM (SELECT min(v) AS lowest FROM (
+                          SELECT aggregate_version AS v FROM {s}.outbox_consumer_parked
+                          WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                          UNION ALL
+                          SELECT aggregate_version FROM {s}.outbox_dead_letters
+                          WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                            AND resolved_at IS NULL AND aggregate_version IS NOT NULL) seen) k
                  WHERE p.consumer_name = $1 AND p.aggregate_type = $2 AND p.aggregate_id = $3
                    AND NOT p.pinned AND k.lowest IS NOT NULL
-                 RETURNING p.version"
+                 RETURNING p.version, EXISTS (
+                    SELECT 1 FROM {s}.outbox_consumer_parked
+                    WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                      AND aggregate_version = k.lowest) AS parked"
+            ),
+            // The open letter holding an aggregate's version, if any.
+            open_letter_at: format!(
+                "SELECT id, kind FROM {s}.outbox_dead_letters
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                   AND aggregate_version = $4 AND resolved_at IS NULL
+                 ORDER BY id LIMIT 1"
             ),
             park: format!(
                 "INSERT INTO {s}.outbox_consumer_parked
@@ -464,24 +587,188 @@ impl ConsumerSql {
             .await
     }
 
-    /// Locks the positions of `aggregates` (sorted, distinct) in one statement.
+    /// Locks the positions of `aggregates` (sorted, distinct) in one
+    /// statement and returns them (created at 0, not pinned, when new).
     pub(crate) async fn lock_positions(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         aggregates: &[(String, String)],
-    ) -> sqlx::Result<()> {
+    ) -> sqlx::Result<Vec<((String, String), Position)>> {
         let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
             .iter()
             .map(|(t, i)| (t.as_str(), i.as_str()))
             .unzip();
-        sqlx::query(AssertSqlSafe(self.lock_positions.as_str()))
+        let rows = sqlx::query(AssertSqlSafe(self.lock_positions.as_str()))
+            .bind(consumer)
+            .bind(types)
+            .bind(ids)
+            .fetch_all(conn)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok((
+                    (row.try_get(0)?, row.try_get(1)?),
+                    Position {
+                        version: row.try_get(2)?,
+                        pinned: row.try_get(3)?,
+                        start_version: row.try_get(4)?,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// Strict, one message: records the event in the inbox and, when it is
+    /// new, locks and returns its aggregate's position; `None` for a
+    /// duplicate (or an event an open letter holds).
+    pub(crate) async fn claim_strict(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<Option<Position>> {
+        let row = sqlx::query(AssertSqlSafe(self.claim_strict.as_str()))
+            .bind(consumer)
+            .bind(envelope.id)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            Ok(Position {
+                version: row.try_get(0)?,
+                pinned: row.try_get(1)?,
+                start_version: row.try_get(2)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// RejectStale, one message: records the event in the inbox and, when
+    /// it is new, moves the position if the message is newer; `None` for
+    /// a duplicate, `Some(moved)` otherwise.
+    pub(crate) async fn claim_stale(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<Option<bool>> {
+        let (fresh, moved): (i64, i64) = sqlx::query_as(AssertSqlSafe(self.claim_stale.as_str()))
+            .bind(consumer)
+            .bind(envelope.id)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .fetch_one(conn)
+            .await?;
+        Ok((fresh > 0).then_some(moved > 0))
+    }
+
+    /// Strict, after a handler: moves the locked position to the
+    /// envelope's version; true when the next version waits parked.
+    pub(crate) async fn settle_strict(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<bool> {
+        let ready: Option<bool> = sqlx::query_scalar(AssertSqlSafe(self.settle_strict.as_str()))
+            .bind(consumer)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .fetch_optional(conn)
+            .await?;
+        Ok(ready.unwrap_or(false))
+    }
+
+    /// Batch mode, after the handlers: writes the moved positions and the
+    /// parked messages; returns the aggregates whose next version waits
+    /// parked.
+    pub(crate) async fn settle_batch(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        moved: &[MovedPosition],
+        parked: &[Envelope],
+    ) -> sqlx::Result<Vec<(String, String)>> {
+        let types: Vec<&str> = moved.iter().map(|m| m.aggregate.0.as_str()).collect();
+        let ids: Vec<&str> = moved.iter().map(|m| m.aggregate.1.as_str()).collect();
+        let versions: Vec<i64> = moved.iter().map(|m| m.version).collect();
+        let starts: Vec<i64> = moved.iter().map(|m| m.start).collect();
+        let envelopes = parked
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let rows = sqlx::query(AssertSqlSafe(self.settle_batch.as_str()))
+            .bind(consumer)
+            .bind(types)
+            .bind(ids)
+            .bind(versions)
+            .bind(starts)
+            .bind(parked.iter().map(|e| e.id).collect::<Vec<_>>())
+            .bind(
+                parked
+                    .iter()
+                    .map(|e| e.aggregate_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                parked
+                    .iter()
+                    .map(|e| e.aggregate_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                parked
+                    .iter()
+                    .map(|e| e.aggregate_version)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(envelopes)
+            .fetch_all(conn)
+            .await?;
+        rows.into_iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
+    }
+
+    /// Strict: fixes the start of the never-started ones among
+    /// `aggregates` at version 1 (committed before a handler starts on a
+    /// version 1, or with the letter for one).
+    pub(crate) async fn pin_first(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregates: &[(&str, &str)],
+    ) -> sqlx::Result<()> {
+        let (types, ids): (Vec<&str>, Vec<&str>) = aggregates.iter().copied().unzip();
+        sqlx::query(AssertSqlSafe(self.pin_first.as_str()))
             .bind(consumer)
             .bind(types)
             .bind(ids)
             .execute(conn)
             .await?;
         Ok(())
+    }
+
+    /// The open letter (id, kind) that holds `version` of an aggregate.
+    pub(crate) async fn open_letter_at(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        version: i64,
+    ) -> sqlx::Result<Option<(i64, String)>> {
+        sqlx::query_as(AssertSqlSafe(self.open_letter_at.as_str()))
+            .bind(consumer)
+            .bind(aggregate.0)
+            .bind(aggregate.1)
+            .bind(version)
+            .fetch_optional(conn)
+            .await
     }
 
     /// RejectStale: moves the position to `version` when it is newer;
@@ -521,37 +808,20 @@ impl ConsumerSql {
         Ok(Position {
             version: row.try_get(0)?,
             pinned: row.try_get(1)?,
+            start_version: row.try_get(2)?,
         })
     }
 
-    /// Strict: pins an aggregate that was never started at `version`
-    /// (the predecessor of the version whose handler just started).
-    pub(crate) async fn pin_position(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        envelope: &Envelope,
-    ) -> sqlx::Result<()> {
-        sqlx::query(AssertSqlSafe(self.pin_position.as_str()))
-            .bind(consumer)
-            .bind(&envelope.aggregate_type)
-            .bind(&envelope.aggregate_id)
-            .bind(envelope.aggregate_version - 1)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    /// Strict: starts a never-started aggregate just below its lowest
-    /// parked version; the new position, or `None` when it was pinned
-    /// meanwhile or nothing is parked.
+    /// Strict: starts a never-started aggregate at its lowest version seen
+    /// (parked or lettered); the new position and whether that version is
+    /// parked, or `None` when it was pinned meanwhile or nothing is there.
     pub(crate) async fn baseline(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         aggregate: (&str, &str),
-    ) -> sqlx::Result<Option<i64>> {
-        sqlx::query_scalar(AssertSqlSafe(self.baseline.as_str()))
+    ) -> sqlx::Result<Option<(i64, bool)>> {
+        sqlx::query_as(AssertSqlSafe(self.baseline.as_str()))
             .bind(consumer)
             .bind(aggregate.0)
             .bind(aggregate.1)
@@ -919,8 +1189,21 @@ impl ConsumerSql {
 pub(crate) struct Position {
     /// The last applied version (0: none).
     pub(crate) version: i64,
-    /// Whether the aggregate's start is fixed (a handler was started on it).
+    /// Whether the aggregate's start is fixed (a handler was started on
+    /// it, or a letter holds its first version).
     pub(crate) pinned: bool,
+    /// The version the aggregate started at, when known (pinned since
+    /// migration 5).
+    pub(crate) start_version: Option<i64>,
+}
+
+/// A position a batch moved (or pinned): its new version, and the start to
+/// keep when the aggregate was not started before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MovedPosition {
+    pub(crate) aggregate: (String, String),
+    pub(crate) version: i64,
+    pub(crate) start: i64,
 }
 
 /// An open letter read back for a replay.

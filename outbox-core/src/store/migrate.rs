@@ -43,6 +43,13 @@ pub fn migrations() -> Vec<Migration> {
             SqlStr::from_static(include_str!("../../migrations/0004_partitions.sql")),
             false,
         ),
+        Migration::new(
+            5,
+            "strict starts: the start version of an aggregate, open letters by aggregate".into(),
+            MigrationType::Simple,
+            SqlStr::from_static(include_str!("../../migrations/0005_strict_starts.sql")),
+            false,
+        ),
     ]
 }
 
