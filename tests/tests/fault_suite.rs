@@ -123,6 +123,7 @@ async fn faults_at_random_lose_nothing_apply_nothing_twice_and_leave_nothing_stu
             events: ticks + moves,
             poison: &rig.poison,
             garbage: &rig.garbage,
+            poison_successors: &rig.poison_successors,
         },
     )
     .await;

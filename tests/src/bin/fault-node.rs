@@ -14,7 +14,7 @@
 //! Settings from the environment: `OUTBOX_TEST_SCHEMA` (the schema in the
 //! test database), `OUTBOX_PG_ADDR` (`host:port` to reach PostgreSQL
 //! through, the suite's proxy), `OUTBOX_NATS_URL`, and for consumers
-//! `OUTBOX_CHAOS` (`<seed>:<duplicates per mille>:<shuffle 0|1>`: a
+//! `OUTBOX_PARK_TIMEOUT_MS` (strict; default 600 s) and `OUTBOX_CHAOS` (`<seed>:<duplicates per mille>:<shuffle 0|1>`: a
 //! [`ChaosSource`] around the JetStream source).
 
 use std::time::Duration;
@@ -103,10 +103,12 @@ async fn relay_log(batch_size: usize, file: &str, delay: Duration) {
 }
 
 async fn consumer(name: &str, ordering: &str, batch_size: usize) {
+    let park_timeout = std::env::var("OUTBOX_PARK_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(Duration::from_secs(600), Duration::from_millis);
     let ordering = match ordering {
-        "strict" => Ordering::Strict {
-            park_timeout: Duration::from_secs(600),
-        },
+        "strict" => Ordering::Strict { park_timeout },
         "stale" => Ordering::RejectStale,
         other => panic!("ordering {other:?}: strict or stale"),
     };

@@ -189,6 +189,7 @@ async fn main() {
             events: options.events as i64,
             poison: &rig.poison,
             garbage: &rig.garbage,
+            poison_successors: &rig.poison_successors,
         },
     )
     .await;

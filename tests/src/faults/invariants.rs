@@ -32,6 +32,10 @@ pub struct Expected<'a> {
     pub poison: &'a [Uuid],
     /// Payloads of id-less messages published to the broker.
     pub garbage: &'a [Vec<u8>],
+    /// Readable later versions of the outbox's poison aggregates: held
+    /// behind the quarantined version 1 and dead-lettered by the strict
+    /// consumer, applied by the stale one.
+    pub poison_successors: &'a [Uuid],
 }
 
 async fn scalar(db: &TestDb, sql: &str) -> Result<i64, String> {
@@ -42,9 +46,10 @@ async fn scalar(db: &TestDb, sql: &str) -> Result<i64, String> {
 }
 
 /// Waits (up to `limit`, looking every `poll`) until every event is
-/// published, the strict consumer applied every applicable event and the
-/// stale consumer reached every aggregate's last version, then lets late
-/// redeliveries settle. Returns what was still missing when the time ran
+/// published, the strict consumer applied every applicable event and
+/// dead-lettered the poison aggregates' successors (after its park
+/// timeout), and the stale consumer reached every aggregate's last version,
+/// then lets late redeliveries settle. Returns what was still missing when the time ran
 /// out. Each look counts whole tables: on a million events it costs a
 /// second of database time, so look seldom there.
 pub async fn settle(db: &TestDb, limit: Duration, poll: Duration) -> Result<Duration, String> {
@@ -67,7 +72,14 @@ pub async fn settle(db: &TestDb, limit: Duration, poll: Duration) -> Result<Dura
         )
         .await?;
         let stale_behind = scalar(db, STALE_BEHIND).await?;
-        Ok::<_, String>((open, applicable - strict, stale_behind))
+        let held = scalar(
+            db,
+            "SELECT count(*) FROM {s}.outbox_events o WHERE aggregate_id LIKE 'poison-%' AND aggregate_version > 1
+             AND NOT EXISTS (SELECT 1 FROM {s}.outbox_dead_letters d
+                             WHERE d.consumer_name = 'strict' AND d.event_id = o.id)",
+        )
+        .await?;
+        Ok::<_, String>((open, applicable - strict + held, stale_behind))
     };
     loop {
         let state = done().await;
@@ -77,7 +89,7 @@ pub async fn settle(db: &TestDb, limit: Duration, poll: Duration) -> Result<Dura
         if Instant::now() > deadline {
             return Err(match state {
                 Ok((open, strict, stale)) => format!(
-                    "after {limit:?}: {open} events not published, {strict} not applied by strict, {stale} aggregates behind in stale"
+                    "after {limit:?}: {open} events not published, {strict} not applied or (behind a poison version) dead-lettered by strict, {stale} aggregates behind in stale"
                 ),
                 Err(error) => format!("after {limit:?}: {error}"),
             });
@@ -165,13 +177,50 @@ pub async fn check(db: &TestDb, expected: &Expected<'_>) -> Vec<Check> {
             unsettled.map(|n| (n == 0, format!("{n} events without an inbox row"))),
         );
 
+        let behind_poison: &[Uuid] = if ordering == "strict" {
+            expected.poison_successors
+        } else {
+            &[]
+        };
         push(
-            &format!(
-                "{name}: exactly the poison quarantined, once each, with a reason; nothing dead-lettered"
-            ),
-            letters(db, name, expected).await,
+            &if ordering == "strict" {
+                format!(
+                    "{name}: exactly the poison quarantined, once each, with a reason; the poison aggregates' later versions dead-lettered behind it, naming it; nothing else"
+                )
+            } else {
+                format!(
+                    "{name}: exactly the poison quarantined, once each, with a reason; nothing dead-lettered"
+                )
+            },
+            letters(db, name, expected, behind_poison).await,
         );
-
+        if ordering != "strict" {
+            // RejectStale passes over a version that arrives after a newer
+            // one (shuffled deliveries): the last one is what must land.
+            let behind = scalar(
+                db,
+                &format!(
+                    "SELECT count(*) FROM (
+                        SELECT aggregate_id, max(aggregate_version) AS last FROM {{s}}.outbox_events
+                        WHERE aggregate_id LIKE 'poison-%' GROUP BY aggregate_id) o
+                     WHERE o.last IS DISTINCT FROM (
+                        SELECT max(aggregate_version) FROM {{s}}.effects e
+                        WHERE e.consumer = '{name}' AND e.aggregate_id = o.aggregate_id)"
+                ),
+            )
+            .await;
+            push(
+                &format!(
+                    "{name}: the poison aggregates go on past their quarantined version 1 to their last version"
+                ),
+                behind.map(|n| {
+                    (
+                        n == 0,
+                        format!("{n} poison aggregates not at their last version"),
+                    )
+                }),
+            );
+        }
         if ordering == "strict" {
             push(
                 "strict: each aggregate's versions applied gap-free and ascending",
@@ -192,6 +241,7 @@ async fn letters(
     db: &TestDb,
     name: &str,
     expected: &Expected<'_>,
+    behind_poison: &[Uuid],
 ) -> Result<(bool, String), String> {
     let rows: Vec<(Option<Uuid>, String, String, Vec<u8>)> =
         sqlx::query_as(AssertSqlSafe(format!(
@@ -204,15 +254,17 @@ async fn letters(
         .map_err(|e| e.to_string())?;
     let mut with_id: Vec<Uuid> = rows.iter().filter_map(|r| r.0).collect();
     with_id.sort();
-    let mut poison = expected.poison.to_vec();
-    poison.sort();
-    if with_id != poison {
+    let mut lettered = expected.poison.to_vec();
+    lettered.extend_from_slice(behind_poison);
+    lettered.sort();
+    if with_id != lettered {
         return Ok((
             false,
             format!(
-                "letters with an id: {} (expected the {} poison events)",
+                "letters with an id: {} (expected the {} poison events and {} held behind them)",
                 with_id.len(),
-                poison.len()
+                expected.poison.len(),
+                behind_poison.len()
             ),
         ));
     }
@@ -236,7 +288,16 @@ async fn letters(
             ),
         ));
     }
-    if let Some(row) = rows.iter().find(|r| r.1 != "quarantined" || r.2.is_empty()) {
+    let wrong = |row: &&(Option<Uuid>, String, String, Vec<u8>)| {
+        let behind = row.0.is_some_and(|id| behind_poison.contains(&id));
+        if behind {
+            row.1 != "dead_lettered"
+                || !(row.2.contains("version 1 ") && row.2.contains("quarantine"))
+        } else {
+            row.1 != "quarantined" || row.2.is_empty()
+        }
+    };
+    if let Some(row) = rows.iter().find(wrong) {
         return Ok((
             false,
             format!("{:?}: kind {} reason {:?}", row.0, row.1, row.2),
@@ -245,8 +306,9 @@ async fn letters(
     Ok((
         true,
         format!(
-            "{} poison events quarantined once each; {} id-less messages in {} letters",
-            poison.len(),
+            "{} poison events quarantined once each, {} later versions held behind them; {} id-less messages in {} letters",
+            expected.poison.len(),
+            behind_poison.len(),
             injected.len(),
             without_id
         ),

@@ -10,6 +10,7 @@ mod rig;
 mod schedule;
 
 pub use rig::{
-    CONSUMERS, FAULTS, Fault, FaultRecord, Node, RELAY_STATEMENT_TIMEOUT, Rig, RigConfig, signal,
+    CONSUMERS, FAULTS, Fault, FaultRecord, Node, RELAY_STATEMENT_TIMEOUT, Rig, RigConfig,
+    STRICT_PARK_TIMEOUT, signal,
 };
 pub use schedule::Schedule;

@@ -156,7 +156,18 @@ pub struct Rig {
     /// broker: each consumer must quarantine each (at least once: without
     /// an id a redelivery cannot be recognised).
     pub garbage: Vec<Vec<u8>>,
+    /// Readable versions 2 and 3 of the outbox's poison aggregates (whose
+    /// version 1 is the poison): the strict consumer must hold them behind
+    /// the quarantined version 1 and dead-letter them after its park
+    /// timeout, naming it; the stale consumer applies them.
+    pub poison_successors: Vec<Uuid>,
 }
+
+/// The strict consumers' park timeout in the rig: above the longest gap a
+/// fault opens (a redelivery after the ack wait, a restarted process),
+/// short enough that the sweeps of both strict instances settle the poison
+/// aggregates' successors during the run.
+pub const STRICT_PARK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The relays' statement timeout in `fault-node` (the lock fault holds
 /// the table longer).
@@ -186,6 +197,10 @@ impl Rig {
         if let Some(chaos) = &config.chaos {
             env.push(("OUTBOX_CHAOS".to_owned(), chaos.clone()));
         }
+        env.push((
+            "OUTBOX_PARK_TIMEOUT_MS".to_owned(),
+            STRICT_PARK_TIMEOUT.as_millis().to_string(),
+        ));
         // The stream must exist before the consumers' durables.
         drop(
             outbox_nats::NatsTransport::connect(outbox_nats::NatsConfig {
@@ -209,6 +224,7 @@ impl Rig {
             started: Instant::now(),
             poison: Vec::new(),
             garbage: Vec::new(),
+            poison_successors: Vec::new(),
             config,
         };
         let batch = rig.config.relay_batch.to_string();
@@ -264,8 +280,15 @@ impl Rig {
 
     /// Inserts `count` poison events into the outbox: half from a newer
     /// producer (schema version 99), half with a payload that does not
-    /// decode.
+    /// decode; each is version 1 of its own aggregate, followed by readable
+    /// versions 2 and 3 (a producer that shipped a new event version before
+    /// its consumers could read it, then went on).
     pub async fn insert_poison(&mut self, count: usize) {
+        let insert = format!(
+            "INSERT INTO {} (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+             VALUES (gen_random_uuid(), 'counter', $1, $2, 'counter.ticked', $3, $4::json) RETURNING id",
+            self.db.table("outbox_events")
+        );
         for n in 0..count {
             let (version, payload) = if n % 2 == 0 {
                 (
@@ -277,18 +300,34 @@ impl Rig {
             } else {
                 (1, r#"{"wrong":true}"#.to_owned())
             };
-            let id: Uuid = sqlx::query_scalar(AssertSqlSafe(format!(
-                "INSERT INTO {} (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
-                 VALUES (gen_random_uuid(), 'counter', $1, 1, 'counter.ticked', $2, $3::json) RETURNING id",
-                self.db.table("outbox_events")
-            )))
-            .bind(format!("poison-{n}"))
-            .bind(version)
-            .bind(payload)
-            .fetch_one(&self.db.pool)
-            .await
-            .expect("insert a poison event");
+            let aggregate = format!("poison-{n}");
+            let mut tx = self.db.pool.begin().await.expect("begin");
+            let id: Uuid = sqlx::query_scalar(AssertSqlSafe(insert.clone()))
+                .bind(&aggregate)
+                .bind(1_i64)
+                .bind(version)
+                .bind(payload)
+                .fetch_one(&mut *tx)
+                .await
+                .expect("insert a poison event");
             self.poison.push(id);
+            for successor in [2_i64, 3] {
+                let payload = serde_json::to_string(&crate::events::Ticked::new(
+                    aggregate.clone(),
+                    successor as u64,
+                ))
+                .expect("serializable");
+                let id: Uuid = sqlx::query_scalar(AssertSqlSafe(insert.clone()))
+                    .bind(&aggregate)
+                    .bind(successor)
+                    .bind(1_i32)
+                    .bind(payload)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .expect("insert a poison aggregate's successor");
+                self.poison_successors.push(id);
+            }
+            tx.commit().await.expect("commit the poison");
         }
     }
 
