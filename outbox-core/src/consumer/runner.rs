@@ -145,22 +145,28 @@ async fn run<S: MessageSource>(
 }
 
 /// Processes a batch and settles every delivery: acknowledged after the
-/// commit, redelivered later on a retry or when the database failed.
+/// commit (all of a batch's acknowledgements at once), redelivered later
+/// on a retry or when the database failed.
 async fn settle<D: Delivery>(consumer: &Consumer, batch: Vec<D>, error_backoff: Duration) {
     let refs: Vec<&Incoming> = batch.iter().map(Delivery::incoming).collect();
     let result = consumer.handle_refs(&refs).await;
     match result {
         Ok(outcomes) => {
-            for (delivery, outcome) in batch.into_iter().zip(outcomes) {
-                let settled = match outcome {
-                    Outcome::Retry { delay, .. } => delivery.retry_later(delay).await,
-                    _ => delivery.ack().await,
-                };
-                if let Err(error) = settled {
-                    // Not acknowledged: the broker delivers it again and
-                    // the inbox turns it into a duplicate.
-                    tracing::warn!(consumer = %consumer.name(), %error, "settling a message failed");
-                }
+            // Everything was committed: the settlements go out together
+            // (pipelined on the broker connection), none waits for another.
+            let settled = futures_util::future::join_all(batch.into_iter().zip(outcomes).map(
+                |(delivery, outcome)| async move {
+                    match outcome {
+                        Outcome::Retry { delay, .. } => delivery.retry_later(delay).await,
+                        _ => delivery.ack().await,
+                    }
+                },
+            ))
+            .await;
+            for error in settled.into_iter().filter_map(Result::err) {
+                // Not acknowledged: the broker delivers it again and the
+                // inbox turns it into a duplicate.
+                tracing::warn!(consumer = %consumer.name(), %error, "settling a message failed");
             }
         }
         Err(error) => {
