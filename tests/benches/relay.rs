@@ -34,6 +34,7 @@ use outbox_kafka::{KafkaConfig, KafkaTransport};
 use outbox_nats::{NatsConfig, NatsTransport};
 use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
 use outbox_tests::events::Ticked;
+use outbox_tests::statements;
 use outbox_tests::stats::{median, percentile};
 use outbox_tests::transports::DiscardTransport;
 use outbox_tests::{NatsServer, TestDb};
@@ -192,91 +193,6 @@ async fn raw_claim_ms(db: &TestDb, samples: usize) -> f64 {
     median(&mut times)
 }
 
-/// One drain's cost, measured on a private server with
-/// `pg_stat_statements`: wall time, client and server CPU, and the
-/// statements the server ran (per statement: calls, total time, rows).
-struct DrainCost {
-    wall: f64,
-    client_cpu: f64,
-    server_cpu: f64,
-    statements: Vec<Statement>,
-}
-
-/// One statement of `pg_stat_statements`: text, calls, planning plus
-/// execution time (ms), rows, planning time (ms).
-type Statement = (String, i64, f64, i64, f64);
-
-async fn statements_reset(db: &TestDb) {
-    sqlx::query("SELECT pg_stat_statements_reset()")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-}
-
-async fn statements_read(db: &TestDb) -> Vec<Statement> {
-    let rows = sqlx::query(
-        "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time + total_plan_time, rows, total_plan_time
-         FROM pg_stat_statements
-         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND query NOT LIKE '%pg_stat_statements%'
-         ORDER BY total_exec_time + total_plan_time DESC",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    rows.iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
-        .collect()
-}
-
-async fn measured<F: std::future::Future<Output = f64>>(
-    db: &TestDb,
-    server_pid: u32,
-    drain: F,
-) -> DrainCost {
-    statements_reset(db).await;
-    let (client, server) = (
-        outbox_tests::cpu::own_seconds(),
-        outbox_tests::cpu::tree_seconds(server_pid),
-    );
-    let started = Instant::now();
-    drain.await;
-    let wall = started.elapsed().as_secs_f64();
-    let client_cpu = outbox_tests::cpu::own_seconds() - client;
-    let server_cpu = outbox_tests::cpu::tree_seconds(server_pid) - server;
-    DrainCost {
-        wall,
-        client_cpu,
-        server_cpu,
-        statements: statements_read(db).await,
-    }
-}
-
-fn print_cost(name: &str, events: i64, cost: &DrainCost) {
-    let per = |seconds: f64| seconds * 1e6 / events as f64;
-    println!(
-        "  {name}: {:.0} events/s; per event: wall {:.1} µs, client CPU {:.1} µs, server CPU {:.1} µs",
-        events as f64 / cost.wall,
-        per(cost.wall),
-        per(cost.client_cpu),
-        per(cost.server_cpu)
-    );
-    println!("    | statement | calls | ms/call (planning) | rows/call | µs/event |");
-    for (query, calls, total, rows, plan) in cost.statements.iter().take(5) {
-        let mut text: String = query.trim().chars().take(70).collect();
-        if query.trim().chars().count() > 70 {
-            text.push('…');
-        }
-        println!(
-            "    | `{text}` | {calls} | {:.3} ({:.3}) | {:.0} | {:.1} |",
-            total / (*calls).max(1) as f64,
-            plan / (*calls).max(1) as f64,
-            *rows as f64 / (*calls).max(1) as f64,
-            total * 1000.0 / events as f64
-        );
-    }
-}
-
 /// Where a drain's time goes: the relay and raw SQL side by side on a
 /// private server with `pg_stat_statements` (fsync on, as the shared
 /// server), per statement and as client/server CPU per event.
@@ -300,29 +216,27 @@ async fn bench_statements(scale: &Scale) {
         for workers in [1_usize, 4] {
             let raw_db = Arc::new(TestDb::on_server(&cluster.url(), workers as u32 + 2).await);
             fill(&raw_db, events, 1).await;
-            let cost = measured(
-                &raw_db,
-                cluster.server_pid(),
-                raw_drain(&raw_db, workers, batch as i64, events),
-            )
+            let cost = statements::measured(&raw_db, cluster.server_pid(), async {
+                raw_drain(&raw_db, workers, batch as i64, events).await;
+            })
             .await;
-            print_cost(
+            statements::print(
                 &format!("batch {batch}, {workers} client(s), raw SQL"),
                 events,
                 &cost,
+                5,
             );
             let relay_db = Arc::new(TestDb::on_server(&cluster.url(), 2).await);
             fill(&relay_db, events, 1).await;
-            let cost = measured(
-                &relay_db,
-                cluster.server_pid(),
-                relay_drain(&relay_db, 1, workers, batch, events),
-            )
+            let cost = statements::measured(&relay_db, cluster.server_pid(), async {
+                relay_drain(&relay_db, 1, workers, batch, events).await;
+            })
             .await;
-            print_cost(
+            statements::print(
                 &format!("batch {batch}, {workers} worker(s), relay"),
                 events,
                 &cost,
+                5,
             );
         }
     }

@@ -28,6 +28,11 @@ fn ticks_per_second() -> f64 {
     })
 }
 
+/// The parent of a process (a PostgreSQL backend's is the postmaster).
+pub fn parent_of(pid: u32) -> Option<u32> {
+    stat(pid).map(|s| s.0)
+}
+
 /// CPU seconds this process has used.
 pub fn own_seconds() -> f64 {
     stat(std::process::id()).map(|s| s.1).unwrap_or(0.0)

@@ -1043,3 +1043,36 @@ async fn builder_settings_compose_in_any_order() {
     }
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn batch_handlers_run_with_the_sessions_planner_settings() {
+    let db = setup().await;
+    // The batch's own statements use generic plans; the handlers' must be
+    // planned as the session plans them.
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let consumer = ConsumerBuilder::new("planner")
+        .batch_size(10)
+        .on_fn::<Ticked, _>(move |_, tx| {
+            let record = Arc::clone(&record);
+            Box::pin(async move {
+                let mode: String = sqlx::query_scalar("SELECT current_setting('plan_cache_mode')")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                record.lock().unwrap().push(mode);
+                Ok(())
+            })
+        })
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let batch: Vec<Incoming> = (1..=4)
+        .map(|v| Incoming::from_envelope(&tick("p", v), 1))
+        .collect();
+    let outcomes = consumer.handle_batch(&batch).await.unwrap();
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Applied),
+        "{outcomes:?}"
+    );
+    assert_eq!(*seen.lock().unwrap(), vec!["auto"; 4]);
+    db.drop_schema().await;
+}

@@ -30,6 +30,20 @@ use crate::store::consumer::{LetterKind, MovedPosition, Position};
 
 type Aggregate = (String, String);
 
+/// What a batch does with one message, decided before anything is
+/// written.
+#[derive(Debug, Clone)]
+enum Decision {
+    /// Settled without a statement of its own.
+    Done(Outcome),
+    /// Its handler runs.
+    Apply,
+    /// Unreadable: a quarantine row.
+    Quarantine,
+    /// Below its aggregate's start: a dead letter with this reason.
+    Letter(String),
+}
+
 /// What a batch changes in positions and parked messages, written after
 /// its handlers in one statement.
 #[derive(Default)]
@@ -137,7 +151,12 @@ impl Consumer {
             .iter()
             .filter_map(|p| self.inbox_envelope(p).map(|e| e.id))
             .collect();
-        let mut tx = self.begin().await?;
+        let ordered = ordering != Ordering::Unordered;
+        let mut tx = if ordered {
+            self.begin_batch().await?
+        } else {
+            self.begin().await?
+        };
         let mut fresh: HashSet<Uuid> = self
             .inner
             .sql
@@ -147,7 +166,7 @@ impl Consumer {
             .into_iter()
             .collect();
         let mut settlement = Settlement::default();
-        if ordering != Ordering::Unordered {
+        if ordered {
             let mut aggregates: Vec<Aggregate> = prepared
                 .iter()
                 .filter_map(|p| self.inbox_envelope(p))
@@ -167,38 +186,74 @@ impl Consumer {
                     .collect();
             }
         }
+        // First every decision, in memory, against the batch's view of the
+        // positions; then the moved positions and parked messages are
+        // written (one statement, still in the generic-plan window the
+        // batch's transaction opened with, which it also closes: the
+        // handlers' statements are planned as the session plans them);
+        // then the letters and the handlers.
         let order = processing_order(ordering, &prepared);
-        let mut prepared: Vec<Option<Prepared<'_>>> = prepared.into_iter().map(Some).collect();
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
-        let mut applied: Vec<usize> = Vec::new();
-        for index in order {
-            let Some(prepared) = prepared[index].take() else {
-                continue;
-            };
-            let incoming = batch[index];
-            let outcome = match prepared {
-                Prepared::Foreign => Outcome::Foreign,
-                Prepared::Ignored { envelope } if !self.tracks(&envelope) => Outcome::Ignored,
-                Prepared::Ignored { envelope } => {
+        let mut decisions: Vec<Option<Decision>> = vec![None; batch.len()];
+        for &index in &order {
+            decisions[index] = Some(match &prepared[index] {
+                Prepared::Foreign => Decision::Done(Outcome::Foreign),
+                Prepared::Ignored { envelope } if !self.tracks(envelope) => {
+                    Decision::Done(Outcome::Ignored)
+                }
+                Prepared::Unreadable { .. } => Decision::Quarantine,
+                Prepared::Ignored { envelope } | Prepared::Ready { envelope, .. } => {
+                    let skipped = matches!(prepared[index], Prepared::Ignored { .. });
                     if !fresh.remove(&envelope.id) {
-                        Outcome::Duplicate
+                        Decision::Done(Outcome::Duplicate)
                     } else {
-                        match settlement.gate(ordering, &envelope) {
+                        match settlement.gate(ordering, envelope) {
                             Gate::Go => {
-                                settlement.advance(ordering, &envelope);
-                                Outcome::Ignored
+                                settlement.advance(ordering, envelope);
+                                if skipped {
+                                    Decision::Done(Outcome::Ignored)
+                                } else {
+                                    Decision::Apply
+                                }
                             }
-                            Gate::Stale(position) => Outcome::Stale { position },
+                            Gate::Stale(position) => Decision::Done(Outcome::Stale { position }),
                             // A skipped type below the start changes nothing.
-                            Gate::BeforeStart { .. } => Outcome::Stale { position: None },
+                            Gate::BeforeStart { .. } if skipped => {
+                                Decision::Done(Outcome::Stale { position: None })
+                            }
+                            Gate::BeforeStart { start, .. } => {
+                                Decision::Letter(before_start_reason(envelope, start))
+                            }
                             Gate::Park(waiting_for) => {
-                                settlement.parked.push(envelope);
-                                Outcome::Parked { waiting_for }
+                                settlement.parked.push(envelope.clone());
+                                Decision::Done(Outcome::Parked { waiting_for })
                             }
                         }
                     }
                 }
-                Prepared::Unreadable { envelope, reason } => {
+            });
+        }
+        let ready = if ordered {
+            let moved: Vec<MovedPosition> = settlement.moved.into_values().collect();
+            self.inner
+                .sql
+                .settle_batch(&mut tx, &self.inner.name, &moved, &settlement.parked)
+                .await
+                .map_err(self.db_error("settling the batch's positions"))?
+        } else {
+            Vec::new()
+        };
+        let mut prepared: Vec<Option<Prepared<'_>>> = prepared.into_iter().map(Some).collect();
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        for index in order {
+            let (Some(prepared), Some(decision)) =
+                (prepared[index].take(), decisions[index].take())
+            else {
+                continue;
+            };
+            let incoming = batch[index];
+            let outcome = match (decision, prepared) {
+                (Decision::Done(outcome), _) => outcome,
+                (Decision::Quarantine, Prepared::Unreadable { envelope, reason }) => {
                     let written = self
                         .write_letter(
                             &mut tx,
@@ -214,97 +269,57 @@ impl Consumer {
                         Outcome::Duplicate
                     }
                 }
-                Prepared::Ready {
-                    envelope,
-                    dispatch,
-                    decoded,
-                } => {
-                    if !fresh.remove(&envelope.id) {
-                        Outcome::Duplicate
+                (Decision::Letter(reason), Prepared::Ready { envelope, .. }) => {
+                    self.inner
+                        .sql
+                        .forget_processed(&mut tx, &self.inner.name, envelope.id)
+                        .await
+                        .map_err(self.db_error("releasing an inbox row"))?;
+                    let written = self
+                        .write_letter(
+                            &mut tx,
+                            LetterKind::DeadLettered,
+                            incoming,
+                            Some(&envelope),
+                            &reason,
+                        )
+                        .await?;
+                    if written {
+                        Outcome::DeadLettered { reason }
                     } else {
-                        match settlement.gate(ordering, &envelope) {
-                            Gate::Stale(position) => Outcome::Stale { position },
-                            Gate::Park(waiting_for) => {
-                                settlement.parked.push(envelope);
-                                Outcome::Parked { waiting_for }
-                            }
-                            Gate::BeforeStart { start, .. } => {
-                                let reason = before_start_reason(&envelope, start);
-                                self.inner
-                                    .sql
-                                    .forget_processed(&mut tx, &self.inner.name, envelope.id)
-                                    .await
-                                    .map_err(self.db_error("releasing an inbox row"))?;
-                                let written = self
-                                    .write_letter(
-                                        &mut tx,
-                                        LetterKind::DeadLettered,
-                                        incoming,
-                                        Some(&envelope),
-                                        &reason,
-                                    )
-                                    .await?;
-                                if written {
-                                    Outcome::DeadLettered { reason }
-                                } else {
-                                    Outcome::Duplicate
-                                }
-                            }
-                            Gate::Go => {
-                                let result = self
-                                    .run_handler(
-                                        dispatch,
-                                        decoded,
-                                        &envelope,
-                                        incoming.attempt(),
-                                        &mut tx,
-                                    )
-                                    .await;
-                                if result.is_err() {
-                                    // Roll back and give every message its own transaction.
-                                    let _ = tx.rollback().await;
-                                    return self.one_by_one(batch).await;
-                                }
-                                settlement.advance(ordering, &envelope);
-                                self.record_lag(&envelope);
-                                applied.push(index);
-                                Outcome::Applied
-                            }
-                        }
+                        Outcome::Duplicate
                     }
                 }
+                (
+                    Decision::Apply,
+                    Prepared::Ready {
+                        envelope,
+                        dispatch,
+                        decoded,
+                    },
+                ) => {
+                    let result = self
+                        .run_handler(dispatch, decoded, &envelope, incoming.attempt(), &mut tx)
+                        .await;
+                    if result.is_err() {
+                        // Roll back and give every message its own transaction.
+                        let _ = tx.rollback().await;
+                        return self.one_by_one(batch).await;
+                    }
+                    self.record_lag(&envelope);
+                    Outcome::Applied
+                }
+                // Decisions are made from the same prepared messages.
+                (_, _) => Outcome::Duplicate,
             };
             outcomes[index] = Some(outcome);
         }
-        // One statement after the handlers: it also finds a transaction a
-        // handler left aborted by swallowing an error (that message's
-        // failure is then found one by one).
-        let ready = if ordering == Ordering::Unordered {
-            match super::process::transaction_intact(&mut tx).await {
-                Ok(()) => Vec::new(),
-                Err(_) => {
-                    let _ = tx.rollback().await;
-                    return self.one_by_one(batch).await;
-                }
-            }
-        } else {
-            let moved: Vec<MovedPosition> = settlement.moved.into_values().collect();
-            match self
-                .inner
-                .sql
-                .settle_batch(&mut tx, &self.inner.name, &moved, &settlement.parked)
-                .await
-            {
-                Ok(ready) => ready,
-                Err(error) if crate::store::has_sqlstate(&error, "25P02") => {
-                    let _ = tx.rollback().await;
-                    return self.one_by_one(batch).await;
-                }
-                Err(error) => {
-                    return Err(self.db_error("settling the batch's positions")(error));
-                }
-            }
-        };
+        // A handler that swallowed a failed statement left the transaction
+        // aborted: found here (its failure is then found one by one).
+        if super::process::transaction_intact(&mut tx).await.is_err() {
+            let _ = tx.rollback().await;
+            return self.one_by_one(batch).await;
+        }
         tx.commit()
             .await
             .map_err(self.db_error("committing a batch"))?;

@@ -334,6 +334,12 @@ impl ConsumerBuilder {
                     "BEGIN; SET LOCAL statement_timeout = {}",
                     self.config.retry.handler_timeout.as_millis().max(1)
                 ),
+                begin_batch_sql: format!(
+                    "BEGIN; SET LOCAL statement_timeout = {};
+                     SELECT set_config('outbox.plan_cache_mode', current_setting('plan_cache_mode'), true);
+                     SET LOCAL plan_cache_mode = force_generic_plan",
+                    self.config.retry.handler_timeout.as_millis().max(1)
+                ),
                 schema,
                 pool,
                 name,

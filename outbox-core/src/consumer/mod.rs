@@ -95,6 +95,8 @@ pub(crate) struct Inner {
     pub(crate) sql: ConsumerSql,
     /// `BEGIN` with the statement timeout of the handler timeout.
     pub(crate) begin_sql: String,
+    /// As `begin_sql`, opening a batch's generic-plan window.
+    pub(crate) begin_batch_sql: String,
     pub(crate) handlers: HashMap<&'static str, Box<dyn Dispatch>>,
     pub(crate) ignored: BTreeSet<String>,
     /// The aggregate types of its handlers and ignored types: events of

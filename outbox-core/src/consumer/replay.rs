@@ -470,7 +470,7 @@ impl Consumer {
                                 .run_handler(dispatch, decoded, &envelope, 1, &mut tx)
                                 .await
                             {
-                                Ok(()) => self.after_handler(&mut tx, &envelope).await?,
+                                Ok(()) => self.after_handler(&mut tx, &envelope, None).await?,
                                 Err(error) => Err(error),
                             };
                             match result {

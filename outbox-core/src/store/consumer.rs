@@ -55,6 +55,7 @@ pub(crate) struct ConsumerSql {
     inbox_one: String,
     inbox_replay: String,
     inbox_many: String,
+    create_positions: String,
     lock_positions: String,
     advance_if_newer: String,
     claim_strict: String,
@@ -62,6 +63,7 @@ pub(crate) struct ConsumerSql {
     lock_position: String,
     set_position: String,
     settle_strict: String,
+    settle_moved: String,
     settle_batch: String,
     pin_first: String,
     baseline: String,
@@ -94,6 +96,30 @@ impl ConsumerSql {
                             'aggregatetype', envelope->>'aggregate_type', 'aggregateid', envelope->>'aggregate_id',
                             'aggregateversion', envelope->>'aggregate_version', 'time', envelope->>'occurred_at',
                             'traceparent', envelope->>'traceparent'))";
+        // One message's inbox key (both single-message claims start with
+        // it), unless an open letter holds the event.
+        let inbox_cte = format!(
+            "WITH inbox AS (
+                INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
+                SELECT $1, $2 WHERE NOT EXISTS (
+                    SELECT 1 FROM {s}.outbox_dead_letters
+                    WHERE consumer_name = $1 AND event_id = $2 AND resolved_at IS NULL)
+                ON CONFLICT DO NOTHING
+                RETURNING event_id
+             )"
+        );
+        // The aggregates a batch moved whose next version waits parked (and
+        // may start), as a JSON array of [type, id] pairs.
+        let ready = format!(
+            "(SELECT coalesce(json_agg(json_build_array(m.aggregate_type, m.aggregate_id)), '[]')::text
+              FROM moved m WHERE EXISTS (
+                SELECT 1 FROM {s}.outbox_consumer_parked k
+                WHERE k.consumer_name = $1 AND k.aggregate_type = m.aggregate_type
+                  AND k.aggregate_id = m.aggregate_id AND k.aggregate_version = m.version + 1
+                  AND (k.retry_at IS NULL OR k.retry_at <= now())))"
+        );
+        let restore =
+            "set_config('plan_cache_mode', current_setting('outbox.plan_cache_mode'), true)";
         ConsumerSql {
             // A redelivery's handler start, counted (first deliveries
             // count as start 1 without a row).
@@ -134,19 +160,32 @@ impl ConsumerSql {
                  ORDER BY id
                  ON CONFLICT DO NOTHING RETURNING event_id"
             ),
-            // Batch mode: locks the position rows of all the batch's
+            // Batch mode: locks and reads the positions of the batch's
             // aggregates in one sorted pass, so two instances with
             // overlapping batches wait for each other instead of
-            // deadlocking, and reads them: the batch's ordering decisions
-            // are made in memory from here.
+            // deadlocking. A row lock writes no new row version (an upsert
+            // would write one per aggregate per batch). The batch's
+            // ordering decisions are made in memory from here.
             lock_positions: format!(
-                "INSERT INTO {s}.outbox_consumer_positions AS p
+                "SELECT p.aggregate_type, p.aggregate_id, p.version, p.pinned, p.start_version
+                 FROM {s}.outbox_consumer_positions p
+                 JOIN unnest($2::text[], $3::text[]) AS u(t, i)
+                   ON p.consumer_name = $1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i
+                 ORDER BY p.aggregate_type, p.aggregate_id
+                 FOR UPDATE OF p"
+            ),
+            // Batch mode, for aggregates without a position yet (their
+            // first message): creates the rows (sorted; locked by the
+            // insert) and says which it created. One that another
+            // transaction created meanwhile is locked with
+            // `lock_positions`, a new statement that sees it.
+            create_positions: format!(
+                "INSERT INTO {s}.outbox_consumer_positions
                     (consumer_name, aggregate_type, aggregate_id, version, pinned)
                  SELECT $1, t, i, 0, false FROM unnest($2::text[], $3::text[]) AS u(t, i)
                  ORDER BY t, i
-                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
-                 DO UPDATE SET version = p.version
-                 RETURNING p.aggregate_type, p.aggregate_id, p.version, p.pinned, p.start_version"
+                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id) DO NOTHING
+                 RETURNING aggregate_type, aggregate_id"
             ),
             // RejectStale: one statement locks the position row and moves
             // it forward only when the message is newer; no row back means
@@ -160,38 +199,45 @@ impl ConsumerSql {
                  WHERE p.version < EXCLUDED.version
                  RETURNING p.version"
             ),
-            // Strict, one message: the inbox key, then (only for a new
-            // event) the position row locked and read, in one round trip.
-            // The position insert reads the inbox insert's row, so the
-            // inbox key is always taken first, as everywhere else. No row
-            // back: a duplicate (or an open letter holds the event).
+            // Strict, one message, in one round trip: the inbox key, then
+            // (only for a new event, and always after the inbox key: both
+            // read the inbox insert's result) the position moved to this
+            // version when it is the next one, saying whether its successor
+            // waits parked; otherwise the position locked and read for the
+            // ordering decision. One row version per applied message: the
+            // handler's transaction commits the move or rolls it back.
+            // `fresh` 0: a duplicate (or an open letter holds the event); no
+            // `advanced` and no version: the aggregate has no position row.
             claim_strict: format!(
-                "WITH inbox AS (
-                    INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
-                    SELECT $1, $2 WHERE NOT EXISTS (
-                        SELECT 1 FROM {s}.outbox_dead_letters
-                        WHERE consumer_name = $1 AND event_id = $2 AND resolved_at IS NULL)
-                    ON CONFLICT DO NOTHING
-                    RETURNING event_id
+                "{inbox_cte},
+                 advanced AS (
+                    UPDATE {s}.outbox_consumer_positions p
+                    SET version = $5, pinned = true, updated_at = now(),
+                        start_version = CASE WHEN p.pinned THEN p.start_version
+                                             ELSE coalesce(p.start_version, $5) END
+                    WHERE p.consumer_name = $1 AND p.aggregate_type = $3 AND p.aggregate_id = $4
+                      AND p.version = $5 - 1 AND EXISTS (SELECT 1 FROM inbox)
+                    RETURNING EXISTS (
+                        SELECT 1 FROM {s}.outbox_consumer_parked k
+                        WHERE k.consumer_name = $1 AND k.aggregate_type = $3 AND k.aggregate_id = $4
+                          AND k.aggregate_version = $5 + 1 AND (k.retry_at IS NULL OR k.retry_at <= now())
+                    ) AS successor_parked
+                 ),
+                 locked AS (
+                    SELECT p.version, p.pinned, p.start_version FROM {s}.outbox_consumer_positions p
+                    WHERE p.consumer_name = $1 AND p.aggregate_type = $3 AND p.aggregate_id = $4
+                      AND EXISTS (SELECT 1 FROM inbox) AND NOT EXISTS (SELECT 1 FROM advanced)
+                    FOR UPDATE
                  )
-                 INSERT INTO {s}.outbox_consumer_positions AS p
-                    (consumer_name, aggregate_type, aggregate_id, version, pinned)
-                 SELECT $1, $3, $4, 0, false FROM inbox
-                 ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
-                 DO UPDATE SET version = p.version
-                 RETURNING p.version, p.pinned, p.start_version"
+                 SELECT (SELECT count(*) FROM inbox) AS fresh,
+                        (SELECT bool_or(successor_parked) FROM advanced) AS advanced,
+                        l.version, l.pinned, l.start_version
+                 FROM (SELECT 1) AS one LEFT JOIN locked l ON true"
             ),
             // RejectStale, one message: the inbox key, then the position
             // moved forward when the message is newer (locked either way).
             claim_stale: format!(
-                "WITH inbox AS (
-                    INSERT INTO {s}.outbox_processed_events (consumer_name, event_id)
-                    SELECT $1, $2 WHERE NOT EXISTS (
-                        SELECT 1 FROM {s}.outbox_dead_letters
-                        WHERE consumer_name = $1 AND event_id = $2 AND resolved_at IS NULL)
-                    ON CONFLICT DO NOTHING
-                    RETURNING event_id
-                 ),
+                "{inbox_cte},
                  moved AS (
                     INSERT INTO {s}.outbox_consumer_positions AS p
                         (consumer_name, aggregate_type, aggregate_id, version)
@@ -235,12 +281,29 @@ impl ConsumerSql {
                     WHERE k.consumer_name = $1 AND k.aggregate_type = $2 AND k.aggregate_id = $3
                       AND k.aggregate_version = $4 + 1 AND (k.retry_at IS NULL OR k.retry_at <= now()))"
             ),
-            // Batch mode, after the handlers: the positions the batch moved
-            // (or pinned: version unchanged, start given), the messages it
-            // parked, and the aggregates whose next version now waits
-            // parked, in one round trip. Binds: consumer; aggregate types,
-            // ids, new versions, start versions; parked event ids, their
-            // aggregate types, ids, versions, envelopes (JSON text).
+            // Batch mode, before the handlers, when nothing was parked (the
+            // common case): the positions the batch moved (or pinned:
+            // version unchanged, start given), and the aggregates whose next
+            // version waits parked. It also ends the batch's generic-plan
+            // window (see `Consumer::begin_batch`): the setting the
+            // transaction began with is back for the handlers' statements.
+            // Binds: consumer; aggregate types, ids, new versions, start
+            // versions.
+            settle_moved: format!(
+                "WITH moved AS (
+                    UPDATE {s}.outbox_consumer_positions p
+                    SET version = u.v, pinned = true, updated_at = now(),
+                        start_version = CASE WHEN p.pinned THEN p.start_version
+                                             ELSE coalesce(p.start_version, u.first) END
+                    FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS u(t, i, v, first)
+                    WHERE p.consumer_name = $1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i
+                    RETURNING p.aggregate_type, p.aggregate_id, p.version
+                 )
+                 SELECT {ready}, {restore}"
+            ),
+            // As `settle_moved`, also parking messages. Binds as
+            // `settle_moved`, then parked event ids, their aggregate types,
+            // ids, versions, envelopes (JSON text).
             settle_batch: format!(
                 "WITH moved AS (
                     UPDATE {s}.outbox_consumer_positions p
@@ -258,12 +321,7 @@ impl ConsumerSql {
                     FROM unnest($6::uuid[], $7::text[], $8::text[], $9::bigint[], $10::text[]) AS k(e, t, i, v, j)
                     ON CONFLICT DO NOTHING
                  )
-                 SELECT m.aggregate_type, m.aggregate_id FROM moved m
-                 WHERE EXISTS (
-                    SELECT 1 FROM {s}.outbox_consumer_parked k
-                    WHERE k.consumer_name = $1 AND k.aggregate_type = m.aggregate_type
-                      AND k.aggregate_id = m.aggregate_id AND k.aggregate_version = m.version + 1
-                      AND (k.retry_at IS NULL OR k.retry_at <= now()))"
+                 SELECT {ready}, {restore}"
             ),
             // Strict: fixes the start of never-started aggregates at
             // version 1, committed before a handler starts on their
@@ -587,9 +645,58 @@ impl ConsumerSql {
             .await
     }
 
-    /// Locks the positions of `aggregates` (sorted, distinct) in one
-    /// statement and returns them (created at 0, not pinned, when new).
+    /// Locks the positions of `aggregates` (sorted, distinct) and returns
+    /// them (created at 0, not pinned, when new): one statement when every
+    /// aggregate has its position row, as in a steady stream.
     pub(crate) async fn lock_positions(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregates: &[(String, String)],
+    ) -> sqlx::Result<Vec<((String, String), Position)>> {
+        let mut locked = self.select_for_update(conn, consumer, aggregates).await?;
+        if locked.len() == aggregates.len() {
+            return Ok(locked);
+        }
+        let have: std::collections::HashSet<&(String, String)> =
+            locked.iter().map(|(aggregate, _)| aggregate).collect();
+        let missing: Vec<(String, String)> = aggregates
+            .iter()
+            .filter(|a| !have.contains(a))
+            .cloned()
+            .collect();
+        let (types, ids): (Vec<&str>, Vec<&str>) = missing
+            .iter()
+            .map(|(t, i)| (t.as_str(), i.as_str()))
+            .unzip();
+        let created: Vec<(String, String)> =
+            sqlx::query_as(AssertSqlSafe(self.create_positions.as_str()))
+                .bind(consumer)
+                .bind(types)
+                .bind(ids)
+                .fetch_all(&mut *conn)
+                .await?;
+        let raced: Vec<(String, String)> = missing
+            .into_iter()
+            .filter(|a| !created.contains(a))
+            .collect();
+        locked.extend(created.into_iter().map(|aggregate| {
+            (
+                aggregate,
+                Position {
+                    version: 0,
+                    pinned: false,
+                    start_version: None,
+                },
+            )
+        }));
+        if !raced.is_empty() {
+            locked.extend(self.select_for_update(conn, consumer, &raced).await?);
+        }
+        Ok(locked)
+    }
+
+    async fn select_for_update(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
@@ -620,29 +727,49 @@ impl ConsumerSql {
     }
 
     /// Strict, one message: records the event in the inbox and, when it is
-    /// new, locks and returns its aggregate's position; `None` for a
-    /// duplicate (or an event an open letter holds).
+    /// new, either moves its aggregate's position to it (it is the next
+    /// version) or locks and returns the position for the ordering
+    /// decision (creating it at 0, not pinned, for the aggregate's first
+    /// message: a second statement); `None` for a duplicate (or an event
+    /// an open letter holds).
     pub(crate) async fn claim_strict(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         envelope: &Envelope,
-    ) -> sqlx::Result<Option<Position>> {
+    ) -> sqlx::Result<Option<StrictClaim>> {
         let row = sqlx::query(AssertSqlSafe(self.claim_strict.as_str()))
             .bind(consumer)
             .bind(envelope.id)
             .bind(&envelope.aggregate_type)
             .bind(&envelope.aggregate_id)
-            .fetch_optional(conn)
+            .bind(envelope.aggregate_version)
+            .fetch_one(&mut *conn)
             .await?;
-        row.map(|row| {
-            Ok(Position {
-                version: row.try_get(0)?,
-                pinned: row.try_get(1)?,
-                start_version: row.try_get(2)?,
-            })
-        })
-        .transpose()
+        let fresh: i64 = row.try_get(0)?;
+        if fresh == 0 {
+            return Ok(None);
+        }
+        if let Some(successor_parked) = row.try_get::<Option<bool>, _>(1)? {
+            return Ok(Some(StrictClaim::Advanced { successor_parked }));
+        }
+        let position = match row.try_get::<Option<i64>, _>(2)? {
+            Some(version) => Position {
+                version,
+                pinned: row.try_get(3)?,
+                start_version: row.try_get(4)?,
+            },
+            None => {
+                self.lock_position(
+                    conn,
+                    consumer,
+                    &envelope.aggregate_type,
+                    &envelope.aggregate_id,
+                )
+                .await?
+            }
+        };
+        Ok(Some(StrictClaim::Locked(position)))
     }
 
     /// RejectStale, one message: records the event in the inbox and, when
@@ -683,9 +810,9 @@ impl ConsumerSql {
         Ok(ready.unwrap_or(false))
     }
 
-    /// Batch mode, after the handlers: writes the moved positions and the
-    /// parked messages; returns the aggregates whose next version waits
-    /// parked.
+    /// Batch mode, before the handlers: writes the moved positions and the
+    /// parked messages and ends the batch's generic-plan window; returns
+    /// the aggregates whose next version waits parked.
     pub(crate) async fn settle_batch(
         &self,
         conn: &mut PgConnection,
@@ -697,42 +824,51 @@ impl ConsumerSql {
         let ids: Vec<&str> = moved.iter().map(|m| m.aggregate.1.as_str()).collect();
         let versions: Vec<i64> = moved.iter().map(|m| m.version).collect();
         let starts: Vec<i64> = moved.iter().map(|m| m.start).collect();
-        let envelopes = parked
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<Vec<String>, _>>()
-            .map_err(|e| sqlx::Error::Encode(e.into()))?;
-        let rows = sqlx::query(AssertSqlSafe(self.settle_batch.as_str()))
-            .bind(consumer)
-            .bind(types)
-            .bind(ids)
-            .bind(versions)
-            .bind(starts)
-            .bind(parked.iter().map(|e| e.id).collect::<Vec<_>>())
-            .bind(
-                parked
-                    .iter()
-                    .map(|e| e.aggregate_type.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                parked
-                    .iter()
-                    .map(|e| e.aggregate_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                parked
-                    .iter()
-                    .map(|e| e.aggregate_version)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(envelopes)
-            .fetch_all(conn)
-            .await?;
-        rows.into_iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .collect()
+        let (ready, _restored): (String, String) = if parked.is_empty() {
+            sqlx::query_as(AssertSqlSafe(self.settle_moved.as_str()))
+                .bind(consumer)
+                .bind(types)
+                .bind(ids)
+                .bind(versions)
+                .bind(starts)
+                .fetch_one(conn)
+                .await?
+        } else {
+            let envelopes = parked
+                .iter()
+                .map(serde_json::to_string)
+                .collect::<Result<Vec<String>, _>>()
+                .map_err(|e| sqlx::Error::Encode(e.into()))?;
+            sqlx::query_as(AssertSqlSafe(self.settle_batch.as_str()))
+                .bind(consumer)
+                .bind(types)
+                .bind(ids)
+                .bind(versions)
+                .bind(starts)
+                .bind(parked.iter().map(|e| e.id).collect::<Vec<_>>())
+                .bind(
+                    parked
+                        .iter()
+                        .map(|e| e.aggregate_type.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    parked
+                        .iter()
+                        .map(|e| e.aggregate_id.as_str())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    parked
+                        .iter()
+                        .map(|e| e.aggregate_version)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(envelopes)
+                .fetch_one(conn)
+                .await?
+        };
+        serde_json::from_str(&ready).map_err(|e| sqlx::Error::Decode(e.into()))
     }
 
     /// Strict: fixes the start of the never-started ones among
@@ -1195,6 +1331,17 @@ pub(crate) struct Position {
     /// The version the aggregate started at, when known (pinned since
     /// migration 5).
     pub(crate) start_version: Option<i64>,
+}
+
+/// What a strict claim of one message did with its aggregate's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StrictClaim {
+    /// The message is the next version: the position moved to it (with
+    /// the handler's transaction), and whether its successor waits parked.
+    Advanced { successor_parked: bool },
+    /// The position, locked, for the ordering decision (stale, a gap, or
+    /// the aggregate's first message).
+    Locked(Position),
 }
 
 /// A position a batch moved (or pinned): its new version, and the start to
