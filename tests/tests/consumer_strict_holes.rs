@@ -254,25 +254,28 @@ impl HeldFirstStart {
     }
 }
 
-/// Waits until a statement on this test's schema waits for a lock (the
-/// sweep, queued behind the held handler's position lock).
-async fn until_a_statement_waits_for_a_lock(db: &TestDb) {
+/// Waits until the sweep has either ended (it leaves an aggregate whose
+/// position is held alone) or queued on a lock (what it did before the
+/// fix: a statement on this test's schema waiting for a lock).
+async fn until_the_sweep_waits_or_ends<T>(db: &TestDb, sweep: &tokio::task::JoinHandle<T>) {
     let schema = db.schema.as_str().to_owned();
     wait::until(
-        "the sweep waiting for the position lock",
+        "the sweep waiting for the position lock, or done",
         Duration::from_secs(10),
         || {
             let (pool, schema) = (db.pool.clone(), schema.clone());
+            let finished = sweep.is_finished();
             async move {
-                sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
-                )
-                .bind(schema)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-                    > 0
+                finished
+                    || sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM pg_stat_activity
+                         WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0",
+                    )
+                    .bind(schema)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+                        > 0
             }
         },
     )
@@ -303,13 +306,14 @@ async fn a_failed_first_start_keeps_its_pin_against_a_concurrent_sweep_twenty_ti
             tokio::spawn(async move { b.handle_envelope(&first).await })
         };
         hook.entered.notified().await;
+        // A sweep while the first start holds the aggregate's position:
+        // before the fix it queued on the lock and took the position the
+        // instant the failed start let go.
         let sweep = {
             let a = a.clone();
             tokio::spawn(async move { a.sweep().await })
         };
-        // The sweep queues behind the first start's position lock; then
-        // the handler fails and rolls back.
-        until_a_statement_waits_for_a_lock(&db).await;
+        until_the_sweep_waits_or_ends(&db, &sweep).await;
         hook.release.notify_one();
         assert!(
             matches!(started.await.unwrap().unwrap(), Outcome::Retry { .. }),
@@ -320,8 +324,14 @@ async fn a_failed_first_start_keeps_its_pin_against_a_concurrent_sweep_twenty_ti
             report.started, 0,
             "round {round}: a handler was started on version 1, so version 2 is not the start"
         );
-        // The redelivery of version 1 applies it; version 2 waited too long
-        // and is in the dead letters, named behind version 1.
+        // The next sweep finds version 1 retrying: version 2 waits for it.
+        let report = a.sweep().await.unwrap();
+        assert_eq!(
+            (report.started, report.dead_lettered),
+            (0, 0),
+            "round {round}: version 1 is retrying, version 2 waits for it"
+        );
+        // The redelivery of version 1 applies it, and version 2 after it.
         assert_eq!(
             b.handle(&Incoming::from_envelope(&first, 2)).await.unwrap(),
             Outcome::Applied,
@@ -329,13 +339,10 @@ async fn a_failed_first_start_keeps_its_pin_against_a_concurrent_sweep_twenty_ti
         );
         assert_eq!(
             applied(&db, name, &aggregate).await,
-            vec![1],
+            vec![1, 2],
             "round {round}"
         );
-        let open = open_letters(&db, name, &aggregate).await;
-        assert_eq!(open.len(), 1, "round {round}: {open:?}");
-        assert_eq!(open[0].1, 2);
-        assert!(open[0].3.contains("version 1"), "{}", open[0].3);
+        assert!(open_letters(&db, name, &aggregate).await.is_empty());
     }
     db.drop_schema().await;
 }
@@ -395,7 +402,7 @@ async fn a_failed_first_start_on_the_replay_path_keeps_its_pin_against_a_concurr
             let a = a.clone();
             tokio::spawn(async move { a.sweep().await })
         };
-        until_a_statement_waits_for_a_lock(&db).await;
+        until_the_sweep_waits_or_ends(&db, &sweep).await;
         hook.release.notify_one();
         let failed = replay.await.unwrap().unwrap();
         assert!(
@@ -406,6 +413,14 @@ async fn a_failed_first_start_on_the_replay_path_keeps_its_pin_against_a_concurr
         assert_eq!(
             report.started, 0,
             "round {round}: version 2 is not the start"
+        );
+        // A replay is not retried on its own: the next sweep moves version
+        // 2 to the dead letters behind version 1's letter.
+        let report = a.sweep().await.unwrap();
+        assert_eq!(
+            (report.started, report.dead_lettered),
+            (0, 1),
+            "round {round}"
         );
         let again = b.replay(&[letter], &request("retry v1")).await.unwrap();
         assert_eq!(
@@ -615,5 +630,106 @@ async fn several_instances_batched_and_single_apply_every_version_once_in_order(
         .scalar("SELECT count(*) FROM {s}.outbox_dead_letters")
         .await;
     assert_eq!(letters, 0, "nothing needed a letter");
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn versions_wait_past_the_park_timeout_for_a_predecessor_that_is_retrying() {
+    let db = TestDb::new().await;
+    create_effects(&db).await;
+    let name = "patient";
+    let failing = Arc::new(AtomicBool::new(true));
+    let fails = Arc::clone(&failing);
+    let table = db.table("effects");
+    // A failed start comes back after 1 s, 2 s, ...: longer than the park
+    // timeout.
+    let backoff = outbox_core::relay::Backoff {
+        initial: Duration::from_secs(1),
+        max: Duration::from_secs(4),
+        multiplier: 2.0,
+        jitter: 0.0,
+    };
+    let consumer = ConsumerBuilder::new(name)
+        .config(ConsumerConfig {
+            retry: outbox_core::consumer::RetryPolicy {
+                max_attempts: 10,
+                backoff,
+                ..strict_config(PARK).retry
+            },
+            ..strict_config(PARK)
+        })
+        .on_fn::<Ticked, _>(move |received, tx| {
+            let (table, fails) = (table.clone(), Arc::clone(&fails));
+            Box::pin(async move {
+                if received.meta.aggregate_version == 2 && fails.load(AtomicOrdering::SeqCst) {
+                    return Err(HandlerError::retryable("the ledger is locked"));
+                }
+                record_effect(&table, &received, tx).await
+            })
+        })
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let versions: Vec<_> = (1..=3).map(|v| tick("c1", v)).collect();
+    assert_eq!(
+        consumer.handle_envelope(&versions[0]).await.unwrap(),
+        Outcome::Applied
+    );
+    // Version 2 fails and comes back after its backoff; version 3 parks.
+    assert!(matches!(
+        consumer.handle_envelope(&versions[1]).await.unwrap(),
+        Outcome::Retry { .. }
+    ));
+    assert_eq!(
+        consumer.handle_envelope(&versions[2]).await.unwrap(),
+        Outcome::Parked { waiting_for: 2 }
+    );
+    // Past the park timeout, but version 2 is due back: 3 keeps waiting.
+    tokio::time::sleep(PARK + Duration::from_millis(100)).await;
+    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 0);
+    assert!(matches!(
+        consumer
+            .handle(&Incoming::from_envelope(&versions[1], 2))
+            .await
+            .unwrap(),
+        Outcome::Retry { .. }
+    ));
+    tokio::time::sleep(PARK + Duration::from_millis(100)).await;
+    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 0);
+    failing.store(false, AtomicOrdering::SeqCst);
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&versions[1], 3))
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(
+        applied(&db, name, "c1").await,
+        vec![1, 2, 3],
+        "3 followed 2"
+    );
+
+    // A retrying version that never comes back holds its successors only
+    // until it is a park timeout overdue.
+    let later: Vec<_> = (1..=3).map(|v| tick("c2", v)).collect();
+    failing.store(true, AtomicOrdering::SeqCst);
+    consumer.handle_envelope(&later[0]).await.unwrap();
+    consumer.handle_envelope(&later[1]).await.unwrap();
+    consumer.handle_envelope(&later[2]).await.unwrap();
+    tokio::time::sleep(PARK + Duration::from_millis(100)).await;
+    assert_eq!(
+        consumer.sweep().await.unwrap().dead_lettered,
+        0,
+        "still due back"
+    );
+    tokio::time::sleep(Duration::from_secs(1) + PARK).await;
+    assert_eq!(
+        consumer.sweep().await.unwrap().dead_lettered,
+        1,
+        "a park timeout overdue"
+    );
+    let open = open_letters(&db, name, "c2").await;
+    assert_eq!(open.len(), 1);
+    assert!(open[0].3.contains("version 2"), "{}", open[0].3);
     db.drop_schema().await;
 }

@@ -343,13 +343,16 @@ impl Consumer {
             }
             return Ok(Outcome::Duplicate);
         };
-        if redelivered {
-            // Settled with this transaction; kept when it rolls back.
-            self.forget_starts(&mut tx, envelope.id).await?;
-        }
+        // A redelivery's start count is settled with the transaction that
+        // settles the message (kept when it rolls back); deleted at each
+        // commit below, not before the handler: a failing start records its
+        // retry in that row while its transaction still holds the position.
         match gate {
             Gate::Go => {}
             Gate::Stale(position) => {
+                if redelivered {
+                    self.forget_starts(&mut tx, envelope.id).await?;
+                }
                 tx.commit()
                     .await
                     .map_err(self.db_error("committing a stale message"))?;
@@ -363,6 +366,9 @@ impl Consumer {
                     .await;
             }
             Gate::Park(waiting_for) => {
+                if redelivered {
+                    self.forget_starts(&mut tx, envelope.id).await?;
+                }
                 self.park(&mut tx, &envelope).await?;
                 tx.commit()
                     .await
@@ -377,6 +383,9 @@ impl Consumer {
             Ok(()) => self.after_handler(&mut tx, &envelope, moved).await?,
             Err(error) => Err(error),
         };
+        if redelivered && result.is_ok() {
+            self.forget_starts(&mut tx, envelope.id).await?;
+        }
         match result {
             Ok(successor_parked) => {
                 tx.commit()
@@ -391,10 +400,39 @@ impl Consumer {
                 Ok(Outcome::Applied)
             }
             Err(error) => {
+                // A start that will be retried is recorded as due back
+                // before the transaction lets go of the position: a sweep
+                // that takes the position next finds the predecessor on
+                // its way and keeps the successors waiting for it.
+                let retried = !error.is_permanent() && start < max_attempts;
+                if retried && self.tracks(&envelope) {
+                    let delay = self.inner.config.retry.backoff.delay(start);
+                    self.note_retry(&envelope, delay).await?;
+                }
                 let _ = tx.rollback().await;
                 self.after_failure(incoming, &envelope, start, error).await
             }
         }
+    }
+
+    /// Strict: records that `envelope` comes back after `delay` (its own
+    /// committed statement).
+    async fn note_retry(
+        &self,
+        envelope: &Envelope,
+        delay: std::time::Duration,
+    ) -> Result<(), ConsumerError> {
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(self.db_error("acquiring a connection"))?;
+        self.inner
+            .sql
+            .note_retry(&mut conn, &self.inner.name, envelope, delay)
+            .await
+            .map_err(self.db_error("recording a retry"))
     }
 
     /// Under strict ordering, fixes the start of the never-started

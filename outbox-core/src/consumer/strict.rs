@@ -303,7 +303,7 @@ impl Consumer {
     }
 
     /// Settles an aggregate whose parked messages waited past the timeout,
-    /// under its position lock. A never-started aggregate, when the
+    /// under its position lock (one held elsewhere: not now). A never-started aggregate, when the
     /// consumer starts strict aggregates at the lowest version seen, starts
     /// at the lowest version that arrived: a parked one (applied from
     /// there), or one in a letter (then nothing above it may start the
@@ -321,10 +321,20 @@ impl Consumer {
         let name = &*self.inner.name;
         let aggregate = (aggregate_type, aggregate_id);
         let mut tx = self.begin().await?;
-        let mut position = sql
-            .lock_position(&mut tx, name, aggregate_type, aggregate_id)
+        // An aggregate whose position is locked has a message in hand on
+        // some instance right now (its handler may be about to fail and
+        // retry): it is left for the next sweep rather than settled the
+        // instant that handler lets go.
+        let Some(mut position) = sql
+            .try_lock_position(&mut tx, name, aggregate_type, aggregate_id)
             .await
-            .map_err(self.db_error("locking the aggregate position"))?;
+            .map_err(self.db_error("locking the aggregate position"))?
+        else {
+            tx.commit()
+                .await
+                .map_err(self.db_error("ending a sweep's look"))?;
+            return Ok(Expired::DeadLettered(0));
+        };
         if !position.pinned && self.inner.config.strict_start == StrictStart::LowestSeen {
             let start = sql
                 .baseline(&mut tx, name, aggregate)

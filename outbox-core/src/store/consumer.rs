@@ -50,6 +50,7 @@ pub(crate) struct ParkedMessage {
 #[derive(Debug)]
 pub(crate) struct ConsumerSql {
     count_start: String,
+    note_retry: String,
     forget_starts: String,
     forget_processed: String,
     inbox_one: String,
@@ -61,6 +62,7 @@ pub(crate) struct ConsumerSql {
     claim_strict: String,
     claim_stale: String,
     lock_position: String,
+    try_lock_position: String,
     set_position: String,
     settle_strict: String,
     settle_moved: String,
@@ -129,6 +131,19 @@ impl ConsumerSql {
                  ON CONFLICT (consumer_name, event_id)
                  DO UPDATE SET starts = a.starts + 1, updated_at = now()
                  RETURNING a.starts"
+            ),
+            // Strict: a message whose handler failed and that comes back
+            // after `$6` ms: its aggregate's later versions wait for it.
+            // A first delivery's failure leaves start 1 (the redelivery's
+            // count makes it 2).
+            note_retry: format!(
+                "INSERT INTO {s}.outbox_consumer_attempts AS a
+                    (consumer_name, event_id, starts, aggregate_type, aggregate_id, aggregate_version, retry_at)
+                 VALUES ($1, $2, 1, $3, $4, $5, now() + $6 * interval '1 millisecond')
+                 ON CONFLICT (consumer_name, event_id) DO UPDATE SET
+                    aggregate_type = EXCLUDED.aggregate_type, aggregate_id = EXCLUDED.aggregate_id,
+                    aggregate_version = EXCLUDED.aggregate_version, retry_at = EXCLUDED.retry_at,
+                    updated_at = now()"
             ),
             forget_starts: format!(
                 "DELETE FROM {s}.outbox_consumer_attempts WHERE consumer_name = $1 AND event_id = $2"
@@ -258,6 +273,13 @@ impl ConsumerSql {
                  ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
                  DO UPDATE SET version = p.version
                  RETURNING p.version, p.pinned, p.start_version"
+            ),
+            // Strict, the sweep: the position, locked, unless another
+            // transaction holds it (a message of the aggregate in hand).
+            try_lock_position: format!(
+                "SELECT version, pinned, start_version FROM {s}.outbox_consumer_positions
+                 WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
+                 FOR UPDATE SKIP LOCKED"
             ),
             // Strict: the locked position moves to $4; an aggregate that
             // starts here keeps $4 as its start.
@@ -461,13 +483,20 @@ impl ConsumerSql {
             ),
             // Dead-letters the aggregate's parked messages only if, under
             // the position lock, the next version ($4 + 1) is still not
-            // parked and the oldest parked message is past the timeout ($5 s).
+            // parked, is not retrying (a failed handler's message due back
+            // less than the timeout ago) and the oldest parked message is
+            // past the timeout ($5 s).
             expire_parked: format!(
                 "WITH due AS (
                     SELECT 1 FROM {s}.outbox_consumer_parked
                     WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
                     HAVING min(parked_at) < now() - make_interval(secs => $5)
                        AND NOT bool_or(aggregate_version = $4 + 1)
+                       AND NOT EXISTS (
+                           SELECT 1 FROM {s}.outbox_consumer_attempts a
+                           WHERE a.consumer_name = $1 AND a.aggregate_type = $2 AND a.aggregate_id = $3
+                             AND a.aggregate_version = $4 + 1
+                             AND a.retry_at > now() - make_interval(secs => $5))
                  ),
                  gone AS (
                     DELETE FROM {s}.outbox_consumer_parked
@@ -566,6 +595,27 @@ impl ConsumerSql {
             .fetch_one(conn)
             .await?;
         Ok(starts.max(1) as u32)
+    }
+
+    /// Strict: records that `envelope`'s handler failed and the message
+    /// comes back after `retry_in`.
+    pub(crate) async fn note_retry(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        envelope: &Envelope,
+        retry_in: std::time::Duration,
+    ) -> sqlx::Result<()> {
+        sqlx::query(AssertSqlSafe(self.note_retry.as_str()))
+            .bind(consumer)
+            .bind(envelope.id)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .bind(retry_in.as_millis().min(i64::MAX as u128) as i64)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     /// Drops the start count of a settled message.
@@ -946,6 +996,31 @@ impl ConsumerSql {
             pinned: row.try_get(1)?,
             start_version: row.try_get(2)?,
         })
+    }
+
+    /// Strict, the sweep: locks and returns the aggregate's position;
+    /// `None` when another transaction holds it (or there is none).
+    pub(crate) async fn try_lock_position(
+        &self,
+        conn: &mut PgConnection,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> sqlx::Result<Option<Position>> {
+        let row = sqlx::query(AssertSqlSafe(self.try_lock_position.as_str()))
+            .bind(consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            Ok(Position {
+                version: row.try_get(0)?,
+                pinned: row.try_get(1)?,
+                start_version: row.try_get(2)?,
+            })
+        })
+        .transpose()
     }
 
     /// Strict: starts a never-started aggregate at its lowest version seen
