@@ -22,9 +22,12 @@
 //! source: acks come after the commit). The report gives each variant's
 //! median rate and the per-round ratios c/a, d/a, e/b, f/b.
 //!
-//! Then end to end: emit commit → consumer commit (its ack) with a relay
-//! woken by NOTIFY, producers at half of the measured drain rate of the
-//! `Strict` consumer at batch 100 and at batch 1, p50/p99/max.
+//! Then end to end, producers → relay (woken by NOTIFY) → JetStream →
+//! `Strict` consumer (batch 100, then 1), all on this machine: the rate the
+//! whole pipeline sustains (a backlog emitted as fast as four producers
+//! can), and emit commit → consumer commit (its ack) at half the
+//! consumer's drain rate and at half the pipeline's capacity, p50/p99/max,
+//! with the part up to the broker.
 //!
 //! `cargo bench -p outbox-tests --bench consumer_broker -- --bench` (about
 //! fifteen minutes); under `cargo test` one small round runs as a smoke
@@ -403,19 +406,39 @@ async fn run(
     )
 }
 
-/// Emit commit → consumer commit (its ack), with a relay woken by NOTIFY
-/// and producers at `rate` events/s for `seconds`; (p50, p99, max) in ms.
-async fn latency(
-    server: &NatsServer,
-    batch_size: usize,
+/// How the producers load a pipeline run.
+#[derive(Clone, Copy, Debug)]
+enum Load {
+    /// Open loop at this many events/s for this many seconds.
+    Rate(f64, u64),
+    /// This many events as fast as four producers can commit them.
+    Backlog(u64),
+}
+
+/// What a pipeline run measured: emit commit → consumer commit (its
+/// ack) in ms (p50, p99, max), the same to the broker (p50, p99), the
+/// events, and the rate they went through at (events/s, from the first
+/// commit to the last ack).
+struct PipelineRun {
+    end_to_end: (f64, f64, f64),
+    to_broker: (f64, f64),
+    events: usize,
     rate: f64,
-    seconds: u64,
+}
+
+/// Producers → relay (woken by NOTIFY) → JetStream → a `Strict` consumer
+/// with `batch_size`, all in this process and on this machine's two cores.
+async fn pipeline(
+    server: &NatsServer,
+    label: &str,
+    batch_size: usize,
+    load: Load,
     aggregates: usize,
-) -> (f64, f64, f64, usize) {
+) -> PipelineRun {
     let db = Arc::new(TestDb::with_pool_size(24).await);
     db.execute("CREATE TABLE {s}.bench_rows (event_id uuid NOT NULL, counter text NOT NULL, tick bigint NOT NULL)")
         .await;
-    let stream = format!("LAT{batch_size}");
+    let stream = label.to_uppercase();
     let transport = NatsTransport::connect(nats_config(server, &stream))
         .await
         .unwrap();
@@ -430,7 +453,7 @@ async fn latency(
     )
     .await
     .unwrap();
-    let consumer = ConsumerBuilder::new(format!("latency-{batch_size}"))
+    let consumer = ConsumerBuilder::new(label.to_lowercase())
         .ordering(strict())
         .batch_size(batch_size)
         .on_fn::<Ticked, _>(business_row(db.table("bench_rows")))
@@ -470,43 +493,73 @@ async fn latency(
             }
         })
     };
-    // Open loop: transactions of five events (five aggregates) at
-    // `rate / 5` per second, each in its own task so a slow commit does not
-    // delay the schedule.
     let commits: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
-    let per_transaction = 5u64;
-    let interval = Duration::from_secs_f64(per_transaction as f64 / rate);
+    let aggregates = aggregates as u64;
+    let transaction = move |db: Arc<TestDb>,
+                            commits: Arc<Mutex<Vec<(String, Instant)>>>,
+                            first: u64,
+                            size: u64| async move {
+        let events: Vec<Ticked> = (first..first + size)
+            .map(|i| Ticked::new(format!("c{}", i % aggregates), i))
+            .collect();
+        let mut tx = db.pool.begin().await.unwrap();
+        let emitted = db.outbox.emit_all(&mut tx, &events).await.unwrap();
+        tx.commit().await.unwrap();
+        let committed = Instant::now();
+        commits
+            .lock()
+            .unwrap()
+            .extend(emitted.iter().map(|e| (e.event_id.to_string(), committed)));
+    };
     let started = Instant::now();
-    let mut next = 0u64;
-    let mut producers = Vec::new();
-    while started.elapsed() < Duration::from_secs(seconds) {
-        let (db, commits) = (Arc::clone(&db), Arc::clone(&commits));
-        let first = next;
-        next += per_transaction;
-        producers.push(tokio::spawn(async move {
-            let events: Vec<Ticked> = (first..first + per_transaction)
-                .map(|i| Ticked::new(format!("c{}", i % aggregates as u64), i))
+    match load {
+        // Open loop: transactions of five events (five aggregates), each in
+        // its own task so a slow commit does not delay the schedule.
+        Load::Rate(rate, seconds) => {
+            let per_transaction = 5u64;
+            let interval = Duration::from_secs_f64(per_transaction as f64 / rate);
+            let mut next = 0u64;
+            let mut producers = Vec::new();
+            while started.elapsed() < Duration::from_secs(seconds) {
+                producers.push(tokio::spawn(transaction(
+                    Arc::clone(&db),
+                    Arc::clone(&commits),
+                    next,
+                    per_transaction,
+                )));
+                next += per_transaction;
+                let due = started + interval * (next / per_transaction) as u32;
+                tokio::time::sleep_until(due.into()).await;
+            }
+            for producer in producers {
+                producer.await.unwrap();
+            }
+        }
+        // Closed loop: four producers, transactions of 25 events.
+        Load::Backlog(events) => {
+            let producers: Vec<_> = (0..4u64)
+                .map(|p| {
+                    let (db, commits) = (Arc::clone(&db), Arc::clone(&commits));
+                    tokio::spawn(async move {
+                        let mut first = p * 25;
+                        while first < events {
+                            transaction(Arc::clone(&db), Arc::clone(&commits), first, 25).await;
+                            first += 100;
+                        }
+                    })
+                })
                 .collect();
-            let mut tx = db.pool.begin().await.unwrap();
-            let emitted = db.outbox.emit_all(&mut tx, &events).await.unwrap();
-            tx.commit().await.unwrap();
-            let committed = Instant::now();
-            commits
-                .lock()
-                .unwrap()
-                .extend(emitted.iter().map(|e| (e.event_id.to_string(), committed)));
-        }));
-        let due = started + interval * (next / per_transaction) as u32;
-        tokio::time::sleep_until(due.into()).await;
-    }
-    for producer in producers {
-        producer.await.unwrap();
+            for producer in producers {
+                producer.await.unwrap();
+            }
+        }
     }
     let emitted = commits.lock().unwrap().len() as u64;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while acks.count.load(AtomicOrdering::SeqCst) < emitted && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let through = started.elapsed();
     task.drain(Duration::from_secs(10)).await.unwrap();
     relay.drain(Duration::from_secs(10)).await.unwrap();
     recorder.abort();
@@ -523,25 +576,39 @@ async fn latency(
             to_broker.push(ms(*committed, *at));
         }
     }
-    let missing = emitted as usize - latencies.len();
-    assert_eq!(missing, 0, "every emitted event reached the consumer");
-    if !to_broker.is_empty() {
-        println!(
-            "    of which emit commit → broker: p50 {:.1} ms, p99 {:.1} ms",
-            percentile(&mut to_broker, 0.5),
-            percentile(&mut to_broker, 0.99)
-        );
-    }
-    let result = (
-        percentile(&mut latencies, 0.5),
-        percentile(&mut latencies, 0.99),
-        percentile(&mut latencies, 1.0),
-        latencies.len(),
+    assert_eq!(
+        latencies.len() as u64,
+        emitted,
+        "every emitted event reached the consumer"
     );
+    if to_broker.is_empty() {
+        to_broker.push(f64::NAN);
+    }
+    let run = PipelineRun {
+        end_to_end: (
+            percentile(&mut latencies, 0.5),
+            percentile(&mut latencies, 0.99),
+            percentile(&mut latencies, 1.0),
+        ),
+        to_broker: (
+            percentile(&mut to_broker, 0.5),
+            percentile(&mut to_broker, 0.99),
+        ),
+        events: latencies.len(),
+        rate: emitted as f64 / through.as_secs_f64(),
+    };
     if let Ok(db) = Arc::try_unwrap(db) {
         db.drop_schema().await;
     }
-    result
+    run
+}
+
+fn print_pipeline(what: &str, run: &PipelineRun) {
+    let (p50, p99, max) = run.end_to_end;
+    println!(
+        "  {what}: emit commit → consumer commit p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms over {} events (of which → broker p50 {:.1} ms, p99 {:.1} ms)",
+        run.events, run.to_broker.0, run.to_broker.1
+    );
 }
 
 /// Where each variant's database time goes: one drain each on a private
@@ -630,17 +697,15 @@ async fn main() {
         // `OUTBOX_BENCH_RATE` events/s and `OUTBOX_BENCH_BATCH`.
         let rate: f64 = std::env::var("OUTBOX_BENCH_RATE").map_or(1000.0, |r| r.parse().unwrap());
         let batch: usize = std::env::var("OUTBOX_BENCH_BATCH").map_or(100, |b| b.parse().unwrap());
-        let (p50, p99, max, n) = latency(
+        let run = pipeline(
             &server,
+            &format!("lat{batch}"),
             batch,
-            rate,
-            scale.latency_seconds,
+            Load::Rate(rate, scale.latency_seconds),
             scale.aggregates,
         )
         .await;
-        println!(
-            "  end to end, Strict batch {batch} at {rate:.0} events/s, relay on NOTIFY: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms over {n} events"
-        );
+        print_pipeline(&format!("Strict batch {batch} at {rate:.0} events/s"), &run);
         db.drop_schema().await;
         return;
     }
@@ -719,22 +784,46 @@ async fn main() {
     }
     db.drop_schema().await;
 
+    println!(
+        "\n== end to end: producers → relay (NOTIFY) → JetStream → Strict consumer, all on this machine"
+    );
     for (variant, batch_size) in [(Variant::Strict100, 100), (Variant::Strict1, 1)] {
         let mut drained = rates[variant as usize].clone();
-        let rate = median(&mut drained) / 2.0;
-        if rate.is_nan() {
+        let half_drain = median(&mut drained) / 2.0;
+        if half_drain.is_nan() {
             continue;
         }
-        let (p50, p99, max, n) = latency(
+        // What the whole pipeline sustains here: producers, relay,
+        // nats-server, consumer and PostgreSQL share two cores.
+        let capacity = pipeline(
             &server,
+            &format!("capacity{batch_size}"),
             batch_size,
-            rate,
-            scale.latency_seconds,
+            Load::Backlog(scale.aggregates as u64 * 50),
             scale.aggregates,
         )
-        .await;
+        .await
+        .rate;
         println!(
-            "  end to end, Strict batch {batch_size} at {rate:.0} events/s (half its drain rate), relay on NOTIFY: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms over {n} events"
+            "  Strict batch {batch_size}: drain rate alone {:.0} events/s, the whole pipeline sustains {capacity:.0} events/s",
+            half_drain * 2.0
         );
+        for (what, rate) in [
+            ("half the consumer's drain rate", half_drain),
+            ("half the pipeline's capacity", capacity / 2.0),
+        ] {
+            let run = pipeline(
+                &server,
+                &format!("lat{batch_size}{}", what.len()),
+                batch_size,
+                Load::Rate(rate, scale.latency_seconds),
+                scale.aggregates,
+            )
+            .await;
+            print_pipeline(
+                &format!("Strict batch {batch_size} at {rate:.0} events/s ({what})"),
+                &run,
+            );
+        }
     }
 }
