@@ -28,7 +28,7 @@ use sqlx::{AssertSqlSafe, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::SchemaName;
-use super::session::{SessionSettings, WorkerSession};
+use super::session::{SessionSettings, WorkerSession, within};
 use super::sql::RelaySql;
 use crate::envelope::Envelope;
 use crate::relay::config::FailedHeadPolicy;
@@ -97,6 +97,7 @@ impl PgRelayStore {
                 namespace: lock_namespace(&schema) ^ super::sql::OWNERSHIP_SALT,
                 label: schema.as_str().to_owned(),
                 claim_timeout,
+                deadline: DEFAULT_STATEMENT_TIMEOUT + super::session::DEADLINE_MARGIN,
             },
             sessions: Default::default(),
             partitions: Default::default(),
@@ -117,6 +118,7 @@ impl PgRelayStore {
         self.statement_timeout = timeout;
         self.session_settings.setup =
             SessionSettings::setup_sql(self.claim_timeout, timeout, self.session_settings.lease);
+        self.session_settings.deadline = timeout + super::session::DEADLINE_MARGIN;
         self
     }
 
@@ -214,12 +216,15 @@ impl PgRelayStore {
         let (mut conn, begun) = session.take_for_claim();
         let all = session.owned.len() == partitions as usize;
         let owned = partition_bitmap(&session.owned, partitions);
+        let deadline = self.session_settings.deadline;
         let result = async {
             if !begun {
-                sqlx::raw_sql("BEGIN")
-                    .execute(&mut conn)
-                    .await
-                    .map_err(StoreError::new("begin claim"))?;
+                within(
+                    deadline,
+                    "begin claim",
+                    sqlx::raw_sql("BEGIN").execute(&mut conn),
+                )
+                .await?;
             }
             let run = |steady: bool| {
                 let sql = match (steady, all) {
@@ -234,26 +239,25 @@ impl PgRelayStore {
                     .bind(self.skip_failed_heads)
             };
             if session.steady {
-                match run(true).fetch_all(&mut conn).await {
+                match within(deadline, "claim", run(true).fetch_all(&mut conn)).await {
                     Ok(rows) => return Ok(rows),
                     // A row of its partitions is locked by something other
                     // than a claim of this worker (an operator's statement,
                     // a hand-held lock): the steady claim does not pass
                     // over it, this batch takes the checked claim instead.
-                    Err(error) if super::has_sqlstate(&error, LOCK_NOT_AVAILABLE) => {
+                    Err(error) if super::has_sqlstate(&error.source, LOCK_NOT_AVAILABLE) => {
                         tracing::debug!(%worker_id, "a row of the worker's partitions is locked elsewhere; checked claim");
-                        sqlx::raw_sql("ROLLBACK; BEGIN")
-                            .execute(&mut conn)
-                            .await
-                            .map_err(StoreError::new("begin claim"))?;
+                        within(
+                            deadline,
+                            "begin claim",
+                            sqlx::raw_sql("ROLLBACK; BEGIN").execute(&mut conn),
+                        )
+                        .await?;
                     }
-                    Err(error) => return Err(StoreError::new("claim")(error)),
+                    Err(error) => return Err(error),
                 }
             }
-            run(false)
-                .fetch_all(&mut conn)
-                .await
-                .map_err(StoreError::new("claim"))
+            within(deadline, "claim", run(false).fetch_all(&mut conn)).await
         }
         .await;
         let rows = match result {
@@ -618,12 +622,29 @@ impl ClaimedBatch for PgClaim {
                 .bind(&attempts)
                 .bind(&unattempted)
                 .bind(self.skip_failed_heads);
-            let recorded = match &mut self.tx {
-                ClaimTx::Pooled(transaction) => query.execute(&mut **transaction).await,
-                ClaimTx::Session { conn, .. } => query.execute(&mut *conn).await,
+            match &mut self.tx {
+                ClaimTx::Pooled(transaction) => {
+                    query
+                        .execute(&mut **transaction)
+                        .await
+                        .map_err(StoreError::new("record batch outcome"))?;
+                }
+                ClaimTx::Session { conn, session } => {
+                    let recorded = within(
+                        session.deadline(),
+                        "record batch outcome",
+                        query.execute(&mut *conn),
+                    )
+                    .await;
+                    if recorded.is_err() {
+                        // The connection goes (dropped with this claim),
+                        // and with it the session's locks.
+                        session.owned.clear();
+                    }
+                    recorded?;
+                }
                 ClaimTx::Idle => return Ok(()),
             };
-            recorded.map_err(StoreError::new("record batch outcome"))?;
         }
         let command = if self.full {
             End::CommitAndBegin
@@ -679,14 +700,21 @@ impl ClaimTx {
                     End::CommitAndBegin => "COMMIT; BEGIN",
                     End::Rollback => "ROLLBACK",
                 };
-                match sqlx::raw_sql(command).execute(&mut conn).await {
+                let deadline = session.deadline();
+                match within(
+                    deadline,
+                    end.operation(),
+                    sqlx::raw_sql(command).execute(&mut conn),
+                )
+                .await
+                {
                     Ok(_) => {
                         session.give_back(conn, end == End::CommitAndBegin);
                         Ok(())
                     }
                     Err(error) => {
                         session.owned.clear();
-                        Err(StoreError::new(end.operation())(error))
+                        Err(error)
                     }
                 }
             }
@@ -755,12 +783,17 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn heartbeat(&self, worker_id: Uuid, waiting: bool) -> Result<(), StoreError> {
-        let others: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.heartbeat.as_str()))
-            .bind(worker_id)
-            .bind(waiting)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(StoreError::new("heartbeat"))?;
+        // Under the same client-side deadline as the session's statements:
+        // a worker must not wait on a silent network here either.
+        let others: i64 = within(
+            self.session_settings.deadline,
+            "heartbeat",
+            sqlx::query_scalar(AssertSqlSafe(self.sql.heartbeat.as_str()))
+                .bind(worker_id)
+                .bind(waiting)
+                .fetch_one(&self.pool),
+        )
+        .await?;
         self.shared
             .store(others > 0, std::sync::atomic::Ordering::Relaxed);
         Ok(())

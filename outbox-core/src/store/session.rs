@@ -15,6 +15,7 @@
 //! its backend has exited (`pg_stat_activity`), or when its heartbeat is
 //! older than the lease.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
@@ -43,6 +44,41 @@ pub(crate) struct SessionSettings {
     /// connection: a transaction opened ahead of a claim is ended before
     /// half of it has passed.
     pub(crate) claim_timeout: Duration,
+    /// How long the worker waits for any answer on its claiming
+    /// connection (the statement timeout plus [`DEADLINE_MARGIN`]) before
+    /// it drops the connection: see [`within`].
+    pub(crate) deadline: Duration,
+}
+
+/// What the client-side deadline adds to the statement timeout: time for
+/// the server's own cancellation to come back when the network works.
+pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
+
+/// Runs `work` (a statement, or the connection's opening) with the
+/// client-side deadline. The server bounds its statements by the statement
+/// timeout, but on a silent network (packets dropped, no reset) neither
+/// the answer nor the cancellation arrives, and a worker would wait as long
+/// as the silence lasts. Past the deadline the worker gives the operation
+/// up and must drop the connection (its protocol state is unknown): the
+/// server rolls back the claim when it notices (its idle and keepalive
+/// timeouts), the partitions' locks go with the session, and the worker
+/// reports a store error and opens a new session at its next claim.
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    operation: &'static str,
+    work: impl Future<Output = sqlx::Result<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(deadline, work).await {
+        Ok(result) => result.map_err(StoreError::new(operation)),
+        Err(_) => Err(StoreError::new(operation)(sqlx::Error::Io(
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer from PostgreSQL within {deadline:?} (the client-side deadline: statement timeout + {DEADLINE_MARGIN:?}); the connection is dropped"
+                ),
+            ),
+        ))),
+    }
 }
 
 impl SessionSettings {
@@ -96,6 +132,8 @@ pub(crate) struct WorkerSession {
     /// is empty (no snapshot, no locks, no transaction id) until the
     /// claim runs in it.
     begun: Option<Instant>,
+    /// The client-side deadline of its statements (from the settings).
+    deadline: Duration,
 }
 
 impl std::fmt::Debug for WorkerSession {
@@ -138,14 +176,20 @@ impl WorkerSession {
             self.lose(settings, worker);
         }
         self.last_used = Some(Instant::now());
+        self.deadline = settings.deadline;
         if self.conn.is_none() {
-            let mut conn = PgConnection::connect_with(&pool.connect_options())
-                .await
-                .map_err(StoreError::new("open the claiming connection"))?;
-            sqlx::raw_sql(AssertSqlSafe(settings.setup.clone()))
-                .execute(&mut conn)
-                .await
-                .map_err(StoreError::new("set up the claiming connection"))?;
+            let mut conn = within(
+                settings.deadline,
+                "open the claiming connection",
+                PgConnection::connect_with(&pool.connect_options()),
+            )
+            .await?;
+            within(
+                settings.deadline,
+                "set up the claiming connection",
+                sqlx::raw_sql(AssertSqlSafe(settings.setup.clone())).execute(&mut conn),
+            )
+            .await?;
             self.conn = Some(conn);
             self.forget_partitions(settings, worker);
         }
@@ -191,12 +235,22 @@ impl WorkerSession {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
-        let ended = sqlx::raw_sql("COMMIT").execute(conn).await;
+        let ended = within(
+            settings.deadline,
+            "end the transaction opened ahead",
+            sqlx::raw_sql("COMMIT").execute(conn),
+        )
+        .await;
         if let Err(error) = ended {
             self.lose(settings, worker);
-            return Err(StoreError::new("end the transaction opened ahead")(error));
+            return Err(error);
         }
         Ok(())
+    }
+
+    /// The client-side deadline of the session's statements.
+    pub(crate) fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     /// Takes the connection for a claim: whether a transaction is already
@@ -238,13 +292,16 @@ impl WorkerSession {
         worker: Uuid,
     ) -> Result<(), StoreError> {
         let conn = self.conn.as_mut().expect("prepared connection");
-        let live: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(sql.membership.as_str()))
-            .bind(worker)
-            .bind(&self.owned)
-            .bind(settings.lease.as_secs_f64())
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(StoreError::new("refresh relay membership"))?;
+        let live: Vec<Uuid> = within(
+            settings.deadline,
+            "refresh relay membership",
+            sqlx::query_scalar(AssertSqlSafe(sql.membership.as_str()))
+                .bind(worker)
+                .bind(&self.owned)
+                .bind(settings.lease.as_secs_f64())
+                .fetch_one(&mut *conn),
+        )
+        .await?;
         self.last_rebalance = Some(Instant::now());
         let index = live.iter().position(|id| *id == worker).unwrap_or(0);
         let share = share(partitions, live.len().max(1), index);
@@ -262,14 +319,16 @@ impl WorkerSession {
         if give_up.is_empty() && take.is_empty() {
             return Ok(());
         }
-        let (taken, _, xid): (Vec<i16>, i64, Option<i64>) =
+        let (taken, _, xid): (Vec<i16>, i64, Option<i64>) = within(
+            settings.deadline,
+            "rebalance relay partitions",
             sqlx::query_as(AssertSqlSafe(sql.rebalance.as_str()))
                 .bind(settings.namespace)
                 .bind(&give_up)
                 .bind(&take)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(StoreError::new("rebalance relay partitions"))?;
+                .fetch_one(&mut *conn),
+        )
+        .await?;
         let before = self.owned.len();
         self.owned.retain(|p| give_up.binary_search(p).is_err());
         if !taken.is_empty() {
