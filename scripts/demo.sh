@@ -10,10 +10,19 @@ cd "$(dirname "$0")/.."
 source scripts/services.sh
 ensure_c_toolchain
 cargo run --quiet -p outbox-examples --bin contracts -- "$@"
-case ${OUTBOX_BROKER:-nats} in
-    kafka) broker="Kafka topics demo.event.<aggregate_type>" ;;
-    rabbitmq) broker="RabbitMQ exchange outbox-demo" ;;
-    *) broker="JetStream stream OUTBOX_DEMO" ;;
-esac
+# The crates' default destinations; OUTBOX_DEMO_NAMES=1 uses the demo's own.
+if [[ -n "${OUTBOX_DEMO_NAMES:-}" && "${OUTBOX_DEMO_NAMES}" != 0 ]]; then
+    case ${OUTBOX_BROKER:-nats} in
+        kafka) broker="Kafka topics demo.event.<aggregate_type>" ;;
+        rabbitmq) broker="RabbitMQ exchange outbox-demo" ;;
+        *) broker="JetStream stream OUTBOX_DEMO" ;;
+    esac
+else
+    case ${OUTBOX_BROKER:-nats} in
+        kafka) broker="Kafka topics outbox.event.<aggregate_type>" ;;
+        rabbitmq) broker="RabbitMQ exchange outbox" ;;
+        *) broker="JetStream stream OUTBOX (subjects events.<aggregate_type>.<event_type>)" ;;
+    esac
+fi
 echo "flow: order commands emit in their own transaction -> outbox_demo.outbox_events -> relay -> $broker -> consumers billing (RejectStale) and order-status (Strict)"
 cargo run --quiet -p outbox-examples --bin order-service

@@ -2,15 +2,25 @@
 //! default), `kafka` or `rabbitmq`. Each wires a relay and the consumers
 //! through the broker's own crate; nothing else in the service changes.
 //!
-//! - `nats`: `NATS_URL` (default `nats://127.0.0.1:4222`), stream
-//!   `OUTBOX_DEMO`, recreated on each run;
-//! - `kafka`: `KAFKA_BOOTSTRAP_SERVERS` (the topics `demo.event.<aggregate>`
-//!   must exist or be auto-created); without it, an in-process librdkafka
-//!   mock cluster (there is no Kafka server package on the project's
-//!   machines), on which the topics are created;
-//! - `rabbitmq`: `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
-//!   exchange `outbox-demo`; the consumers' queues are deleted first, so
-//!   each run starts clean.
+//! Destinations are each crate's defaults, as a service that keeps them
+//! gets them: NATS stream `OUTBOX` with subjects
+//! `events.{aggregate_type}.{event_type}`, Kafka topics
+//! `outbox.event.{aggregate_type}` (Debezium's), RabbitMQ exchange `outbox`
+//! with routing keys `{aggregate_type}.{event_type}`; the CloudEvents
+//! `source` is `/order-service`. `OUTBOX_DEMO_NAMES=1` uses names of the
+//! demo's own instead (stream `OUTBOX_DEMO` with subjects `demo.…`, topics
+//! `demo.event.…`, exchange `outbox-demo`), for a broker shared with a
+//! service that uses the defaults.
+//!
+//! - `nats`: `NATS_URL` (default `nats://127.0.0.1:4222`); the demo's own
+//!   stream is recreated on each run, the default one is left as it is
+//!   (the consumers' durables resume after what they acknowledged);
+//! - `kafka`: `KAFKA_BOOTSTRAP_SERVERS` (the topics must exist or be
+//!   auto-created); without it, an in-process librdkafka mock cluster
+//!   (there is no Kafka server package on the project's machines), on
+//!   which the topics are created;
+//! - `rabbitmq`: `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`);
+//!   the consumers' queues are deleted first, so each run starts clean.
 
 use anyhow::{Context, bail};
 use outbox_core::consumer::{Consumer, ConsumerTask};
@@ -46,6 +56,14 @@ impl BrokerKind {
     }
 }
 
+/// The service's name: its CloudEvents `source` is `/order-service`.
+const SERVICE: &str = "order-service";
+
+/// Whether `OUTBOX_DEMO_NAMES` asks for the demo's own destinations.
+fn demo_names() -> bool {
+    std::env::var("OUTBOX_DEMO_NAMES").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// A relay and consumer tasks on one broker, and what keeps it alive.
 pub struct Wired {
     /// The relay.
@@ -68,13 +86,15 @@ pub async fn wire(
     match kind {
         BrokerKind::Nats => {
             let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-            let nats = NatsConfig {
+            let mut nats = NatsConfig {
                 url: url.clone(),
-                stream: "OUTBOX_DEMO".into(),
-                subject_template: "demo.{aggregate_type}.{event_type}".into(),
-                ..NatsConfig::default()
+                ..NatsConfig::for_service(SERVICE)
             };
-            reset_stream(&url, &nats.stream).await?;
+            if demo_names() {
+                nats.stream = "OUTBOX_DEMO".into();
+                nats.subject_template = "demo.{aggregate_type}.{event_type}".into();
+                reset_stream(&url, &nats.stream).await?;
+            }
             let relay =
                 start_relay(pool, schema, NatsTransport::connect(nats.clone()).await?).await?;
             let mut tasks = Vec::new();
@@ -90,12 +110,16 @@ pub async fn wire(
             })
         }
         BrokerKind::Kafka => {
-            let template = "demo.event.{aggregate_type}";
+            let template = if demo_names() {
+                "demo.event.{aggregate_type}".to_owned()
+            } else {
+                KafkaConfig::default().topic_template
+            };
             let (servers, mock) = match std::env::var("KAFKA_BOOTSTRAP_SERVERS") {
                 Ok(servers) if !servers.is_empty() => (servers, None),
                 _ => {
                     let mock = MockCluster::new(1).context("librdkafka mock cluster")?;
-                    let topics = TopicTemplate::new(template)?;
+                    let topics = TopicTemplate::new(&template)?;
                     let mut names = std::collections::BTreeSet::new();
                     for consumer in &consumers {
                         for (aggregate_type, event_type) in consumer.subscribed_types() {
@@ -115,8 +139,8 @@ pub async fn wire(
             };
             let kafka = KafkaConfig {
                 bootstrap_servers: servers.clone(),
-                topic_template: template.into(),
-                ..KafkaConfig::default()
+                topic_template: template.clone(),
+                ..KafkaConfig::for_service(SERVICE)
             };
             let relay =
                 start_relay(pool, schema, KafkaTransport::connect(kafka.clone()).await?).await?;
@@ -138,18 +162,20 @@ pub async fn wire(
             })
         }
         BrokerKind::RabbitMq => {
-            let rabbit = RabbitConfig {
+            let mut rabbit = RabbitConfig {
                 url: std::env::var("AMQP_URL").unwrap_or_else(|_| RabbitConfig::default().url),
-                exchange: "outbox-demo".into(),
-                ..RabbitConfig::default()
+                ..RabbitConfig::for_service(SERVICE)
             };
+            if demo_names() {
+                rabbit.exchange = "outbox-demo".into();
+            }
             let mut tasks = Vec::new();
             let mut sources = Vec::new();
             for consumer in &consumers {
                 let config = RabbitSourceConfig::for_consumer(consumer, rabbit.clone())?;
                 reset_queue(&rabbit.url, &config.queue).await?;
-                // The queues exist before the relay publishes: RabbitMQ
-                // drops what no queue is bound for.
+                // The queues exist before the relay publishes (else its
+                // mandatory publishes come back unroutable and wait).
                 sources.push(RabbitSource::connect(config).await?);
             }
             for (consumer, source) in consumers.into_iter().zip(sources) {

@@ -99,6 +99,15 @@ pub fn decode_token(token: &str) -> Result<String, DecodeHeaderError> {
     })
 }
 
+/// A path segment of a URI reference: the unreserved characters of RFC
+/// 3986 (letters, digits, `-`, `.`, `_`, `~`) stay, every other byte is
+/// `%XY`.
+pub fn encode_path_segment(value: &str) -> String {
+    encode_bytes(value, |b| {
+        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+    })
+}
+
 fn encode_bytes(value: &str, keep: impl Fn(u8) -> bool) -> String {
     if value.bytes().all(&keep) {
         return value.to_owned();

@@ -22,7 +22,9 @@ pub struct KafkaConfig {
     /// it can switch). Placeholders `{aggregate_type}` and `{event_type}`;
     /// the aggregate id is the record key, never part of a topic.
     pub topic_template: String,
-    /// CloudEvents `source` of this producer (default `/outbox`).
+    /// CloudEvents `source` of this producer: the service that emits the
+    /// events (default `/` and the running program's name, e.g.
+    /// `/order-service`; [`KafkaConfig::for_service`] sets it from a name).
     pub source: String,
     /// Where the schema registry folder is served, ending in `/`; see
     /// `NatsConfig::dataschema_base` in `outbox-nats`. Default none.
@@ -34,10 +36,38 @@ pub struct KafkaConfig {
     /// How long start-up and the health check wait for the cluster's
     /// metadata (default 5 s).
     pub connect_timeout: Duration,
+    /// How the producer places keys on partitions (`partitioner`,
+    /// default `murmur2_random`): murmur2 of the key, as the Java client,
+    /// Kafka Connect (Debezium) and Kafka Streams place them, so a topic
+    /// also written by them, or joined by key with one of theirs, has each
+    /// aggregate on the partition they expect. librdkafka's own default,
+    /// `consistent_random` (CRC32), places most keys elsewhere. Any of
+    /// librdkafka's partitioners may be named.
+    pub partitioner: String,
+    /// How long a record for a topic or partition the cluster does not
+    /// know (a topic created a moment ago, a partition electing its
+    /// leader) is retried before its event fails for good (default 60 s,
+    /// counted from the first refusal for that topic).
+    pub unknown_topic_retry: Duration,
+    /// Create missing topics at start: those the template renders for the
+    /// contracts linked into the binary, with these partitions and
+    /// replication factor (default none: topics are the cluster's
+    /// operators' business; missing ones are reported by the transport's
+    /// health as degraded).
+    pub create_topics: Option<TopicCreation>,
     /// Further librdkafka settings (security, `compression.type`,
     /// `linger.ms`, ...), applied last. `enable.idempotence` and `acks`
     /// cannot be weakened here: the transport refuses to start.
     pub client: Vec<(String, String)>,
+}
+
+/// How [`KafkaConfig::create_topics`] creates a missing topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicCreation {
+    /// Partitions (at least 1).
+    pub partitions: i32,
+    /// Replication factor (at least 1; at most the brokers there are).
+    pub replication: i32,
 }
 
 impl Default for KafkaConfig {
@@ -45,16 +75,27 @@ impl Default for KafkaConfig {
         KafkaConfig {
             bootstrap_servers: "127.0.0.1:9092".to_owned(),
             topic_template: "outbox.event.{aggregate_type}".to_owned(),
-            source: "/outbox".to_owned(),
+            source: outbox_core::transport::default_source(),
             dataschema_base: None,
             delivery_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            partitioner: "murmur2_random".to_owned(),
+            unknown_topic_retry: Duration::from_secs(60),
+            create_topics: None,
             client: Vec::new(),
         }
     }
 }
 
 impl KafkaConfig {
+    /// The defaults, for the service `name`: CloudEvents `source` `/name`.
+    pub fn for_service(name: &str) -> KafkaConfig {
+        KafkaConfig {
+            source: outbox_core::transport::source_of(name),
+            ..KafkaConfig::default()
+        }
+    }
+
     /// Checks every setting, naming the first wrong one.
     pub(crate) fn validate(&self) -> Result<TopicTemplate, ConfigError> {
         let bad = |what: &'static str, reason: String| ConfigError::InvalidValue { what, reason };
@@ -68,6 +109,25 @@ impl KafkaConfig {
             return Err(bad(
                 "Kafka timeouts",
                 "delivery_timeout and connect_timeout must be above zero".into(),
+            ));
+        }
+        outbox_core::transport::validate_source("Kafka source", &self.source)?;
+        if self.partitioner.trim().is_empty() {
+            return Err(bad(
+                "Kafka partitioner",
+                "name one of librdkafka's partitioners (murmur2_random is the Java client's)"
+                    .into(),
+            ));
+        }
+        if let Some(creation) = self.create_topics
+            && (creation.partitions < 1 || creation.replication < 1)
+        {
+            return Err(bad(
+                "Kafka create_topics",
+                format!(
+                    "{} partitions, replication {}: both must be at least 1",
+                    creation.partitions, creation.replication
+                ),
             ));
         }
         if let Some(base) = &self.dataschema_base

@@ -23,9 +23,14 @@
 //!
 //! The producer runs with `enable.idempotence=true` and `acks=all`: a
 //! retried send is neither duplicated nor reordered within a partition.
-//! Each batch is queued at once and every delivery report awaited; a record
-//! the cluster refuses for good (too large, unknown topic, not authorized)
-//! is a permanent failure for that event alone.
+//! Keys are placed by murmur2 (`partitioner = murmur2_random`), as the Java
+//! client, Kafka Connect and Kafka Streams place them. Each batch is queued
+//! at once and every delivery report awaited; a record the cluster refuses
+//! for good (too large, not authorized) is a permanent failure for that
+//! event alone; an unknown topic or partition is retried for
+//! `unknown_topic_retry`, then permanent. Topics the contracts map to that
+//! the cluster lacks are created with `create_topics`, or reported as a
+//! degraded health.
 //!
 //! ## The relay on Kafka
 //!
@@ -54,7 +59,7 @@ mod headers;
 mod source;
 mod transport;
 
-pub use config::{KafkaConfig, KafkaError, TopicTemplate};
+pub use config::{KafkaConfig, KafkaError, TopicCreation, TopicTemplate};
 pub use headers::{HEADER_PREFIX, header_name};
 pub use source::{GroupContext, KafkaDelivery, KafkaSource, KafkaSourceConfig};
 pub use transport::KafkaTransport;

@@ -1,6 +1,7 @@
 //! The publishing side: an idempotent producer, records keyed by
 //! aggregate id, every delivery report awaited.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -8,7 +9,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use outbox_core::Envelope;
 use outbox_core::transport::{PublishFailure, Transport, TransportHealth};
-use rdkafka::client::ClientContext;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
@@ -18,6 +20,9 @@ use crate::headers;
 
 /// The shortest time between two reachability probes while down.
 const PROBE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The shortest time between two looks for topics that were missing.
+const TOPIC_RECHECK: Duration = Duration::from_secs(10);
 
 /// What the transport knows about the cluster's reachability.
 #[derive(Debug, Default)]
@@ -107,6 +112,12 @@ pub struct KafkaTransport {
     config: KafkaConfig,
     template: TopicTemplate,
     reach: Arc<Reachability>,
+    /// Since when each topic the cluster does not know has been refused:
+    /// retried until `unknown_topic_retry` has passed, then permanent.
+    unknown_since: Mutex<HashMap<String, Instant>>,
+    /// The topics of the linked contracts that did not exist at the last
+    /// look, and when that was.
+    missing: Mutex<(BTreeSet<String>, Option<Instant>)>,
 }
 
 impl KafkaTransport {
@@ -122,6 +133,8 @@ impl KafkaTransport {
             config,
             template,
             reach,
+            unknown_since: Mutex::new(HashMap::new()),
+            missing: Mutex::new((BTreeSet::new(), None)),
         };
         if let Err(reason) = transport.probe(transport.config.connect_timeout).await {
             tracing::warn!(
@@ -130,8 +143,174 @@ impl KafkaTransport {
                 "Kafka is not reachable; the transport reports itself down and events stay pending until it is"
             );
             transport.reach.mark_down(reason);
+        } else {
+            transport.check_topics().await?;
         }
         Ok(transport)
+    }
+
+    /// The topics the template renders for the contracts linked into the
+    /// binary (every (aggregate type, event type) of the global registry).
+    pub fn expected_topics(&self) -> BTreeSet<String> {
+        let Ok(registry) = outbox_core::ContractRegistry::global() else {
+            return BTreeSet::new();
+        };
+        registry
+            .event_types()
+            .filter_map(|event_type| registry.current(event_type))
+            .filter_map(|c| self.template.topic_for(c.aggregate_type, c.event_type).ok())
+            .collect()
+    }
+
+    /// The expected topics that did not exist at the last look.
+    pub fn missing_topics(&self) -> Vec<String> {
+        self.missing
+            .lock()
+            .expect("missing topics lock")
+            .0
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Looks which expected topics exist (one metadata request for all
+    /// topics: asking for one by name could make a broker auto-create it),
+    /// creates the missing ones when `create_topics` says so, and
+    /// remembers what is still missing for the health check.
+    async fn check_topics(&self) -> Result<(), KafkaError> {
+        let expected = self.expected_topics();
+        let existing = self.topic_names().await;
+        let mut missing: BTreeSet<String> = match &existing {
+            Ok(existing) => expected.difference(existing).cloned().collect(),
+            // Unknown until the next look; publishing tells meanwhile.
+            Err(_) => BTreeSet::new(),
+        };
+        if let (Some(creation), false) = (self.config.create_topics, missing.is_empty()) {
+            let created = self.create(&missing, creation).await?;
+            for topic in created {
+                missing.remove(&topic);
+            }
+        }
+        if !missing.is_empty() {
+            tracing::warn!(
+                topics = ?missing,
+                "Kafka topics the contracts map to do not exist; their events fail after unknown_topic_retry (create them, or set create_topics)"
+            );
+        }
+        *self.missing.lock().expect("missing topics lock") = (missing, Some(Instant::now()));
+        Ok(())
+    }
+
+    async fn topic_names(&self) -> Result<BTreeSet<String>, String> {
+        let producer = self.producer();
+        let timeout = self.config.connect_timeout;
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, Timeout::After(timeout))
+                .map(|metadata| {
+                    metadata
+                        .topics()
+                        .iter()
+                        .filter(|t| t.error().is_none())
+                        .map(|t| t.name().to_owned())
+                        .collect()
+                })
+                .map_err(|e| format!("no metadata from the Kafka cluster: {e}"))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the metadata request did not finish: {e}")))
+    }
+
+    /// Creates `topics`; returns those that exist afterwards (created, or
+    /// created by someone else meanwhile). Refusals other than "exists"
+    /// are a start-up error naming the topic.
+    async fn create(
+        &self,
+        topics: &BTreeSet<String>,
+        creation: crate::config::TopicCreation,
+    ) -> Result<Vec<String>, KafkaError> {
+        let mut client = self.config.client_config();
+        self.config.apply_extra(&mut client);
+        let admin: AdminClient<DefaultClientContext> = client
+            .create()
+            .map_err(|e| KafkaError::Client(e.to_string()))?;
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|topic| {
+                NewTopic::new(
+                    topic,
+                    creation.partitions,
+                    TopicReplication::Fixed(creation.replication),
+                )
+            })
+            .collect();
+        let options = AdminOptions::new().operation_timeout(Some(self.config.connect_timeout));
+        let results = admin
+            .create_topics(&new, &options)
+            .await
+            .map_err(|e| KafkaError::Client(format!("cannot create topics: {e}")))?;
+        let mut exist = Vec::new();
+        for result in results {
+            match result {
+                Ok(topic) => {
+                    tracing::info!(
+                        topic,
+                        partitions = creation.partitions,
+                        replication = creation.replication,
+                        "created a Kafka topic"
+                    );
+                    exist.push(topic);
+                }
+                Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => exist.push(topic),
+                Err((topic, code)) => {
+                    return Err(KafkaError::Client(format!(
+                        "cannot create topic {topic:?} ({} partitions, replication {}): {code}",
+                        creation.partitions, creation.replication
+                    )));
+                }
+            }
+        }
+        Ok(exist)
+    }
+
+    /// A record's failure for `topic`: an unknown topic or partition is
+    /// retried until `unknown_topic_retry` has passed since the first
+    /// refusal (a topic just created, a leader election), then permanent.
+    fn failure(&self, topic: &str, error: &ClientError) -> PublishFailure {
+        use RDKafkaErrorCode as C;
+        let unknown = matches!(
+            error.rdkafka_error_code(),
+            Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::UnknownPartition)
+        );
+        if !unknown {
+            return classify(error);
+        }
+        let mut unknown_since = self.unknown_since.lock().expect("unknown topics lock");
+        let since = *unknown_since
+            .entry(topic.to_owned())
+            .or_insert_with(Instant::now);
+        let waited = since.elapsed();
+        let limit = self.config.unknown_topic_retry;
+        if waited < limit {
+            PublishFailure::retryable(format!(
+                "Kafka does not know topic {topic:?} or its partition (for {:.0} s; retried for up to {limit:?}: a topic just created, a leader election): {error}",
+                waited.as_secs_f64()
+            ))
+        } else {
+            PublishFailure::permanent(format!(
+                "Kafka topic {topic:?} does not exist (unknown for {:.0} s, longer than unknown_topic_retry {limit:?}): {error}",
+                waited.as_secs_f64()
+            ))
+        }
+    }
+
+    /// A delivered record: its topic is known (again).
+    fn delivered(&self, topic: &str) {
+        let mut unknown_since = self.unknown_since.lock().expect("unknown topics lock");
+        if !unknown_since.is_empty() {
+            unknown_since.remove(topic);
+        }
     }
 
     /// The topic template in use.
@@ -199,7 +378,8 @@ fn build_producer(
             "message.timeout.ms",
             config.delivery_timeout.as_millis().to_string(),
         )
-        .set("linger.ms", "2");
+        .set("linger.ms", "2")
+        .set("partitioner", &config.partitioner);
     config.apply_extra(&mut client);
     client
         .create_with_context(ProducerContext {
@@ -217,9 +397,6 @@ fn classify(error: &ClientError) -> PublishFailure {
             C::MessageSizeTooLarge
                 | C::InvalidMessageSize
                 | C::MessageBatchTooLarge
-                | C::UnknownTopicOrPartition
-                | C::UnknownTopic
-                | C::UnknownPartition
                 | C::InvalidTopic
                 | C::TopicAuthorizationFailed
                 | C::ClusterAuthorizationFailed
@@ -246,8 +423,8 @@ impl Transport for KafkaTransport {
                 }
             };
             match producer.send_result(self.record(&topic, envelope)) {
-                Ok(delivery) => pending.push(Ok(delivery)),
-                Err((error, _record)) => pending.push(Err(classify(&error))),
+                Ok(delivery) => pending.push(Ok((topic, delivery))),
+                Err((error, _record)) => pending.push(Err(self.failure(&topic, &error))),
             }
         }
         // Every record is queued; wait for all delivery reports at once.
@@ -255,10 +432,13 @@ impl Transport for KafkaTransport {
         // margin covers the report's way back.
         let deadline = self.config.delivery_timeout + Duration::from_secs(5);
         let results = join_all(pending.into_iter().map(|queued| async move {
-            let delivery = queued?;
+            let (topic, delivery) = queued?;
             match tokio::time::timeout(deadline, delivery).await {
-                Ok(Ok(Ok(_delivered))) => Ok(()),
-                Ok(Ok(Err((error, _message)))) => Err(classify(&error)),
+                Ok(Ok(Ok(_delivered))) => {
+                    self.delivered(&topic);
+                    Ok(())
+                }
+                Ok(Ok(Err((error, _message)))) => Err(self.failure(&topic, &error)),
                 Ok(Err(_canceled)) => Err(PublishFailure::retryable(
                     "the Kafka producer was dropped before the delivery report",
                 )),
@@ -280,7 +460,7 @@ impl Transport for KafkaTransport {
 
     async fn health(&self) -> TransportHealth {
         match self.reach.down_reason() {
-            None => TransportHealth::Up,
+            None => self.topics_health().await,
             Some(reason) if !reason.is_empty() => TransportHealth::Down { reason },
             Some(_) => match self.probe(Duration::from_secs(1)).await {
                 Ok(()) => {
@@ -296,6 +476,32 @@ impl Transport for KafkaTransport {
                     TransportHealth::Down { reason }
                 }
             },
+        }
+    }
+}
+
+impl KafkaTransport {
+    /// Up, or degraded while expected topics are missing (looked at again
+    /// every `TOPIC_RECHECK` while they are).
+    async fn topics_health(&self) -> TransportHealth {
+        let due = {
+            let missing = self.missing.lock().expect("missing topics lock");
+            !missing.0.is_empty() && missing.1.is_none_or(|at| at.elapsed() >= TOPIC_RECHECK)
+        };
+        if due && let Err(error) = self.check_topics().await {
+            tracing::warn!(%error, "looking for missing Kafka topics failed");
+        }
+        let missing = self.missing_topics();
+        if missing.is_empty() {
+            TransportHealth::Up
+        } else {
+            TransportHealth::Degraded {
+                reason: format!(
+                    "Kafka topics {} do not exist: their events fail after unknown_topic_retry ({:?}); create them, or set create_topics",
+                    missing.join(", "),
+                    self.config.unknown_topic_retry
+                ),
+            }
         }
     }
 }

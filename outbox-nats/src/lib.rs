@@ -186,7 +186,9 @@ pub struct NatsConfig {
     pub stream: String,
     /// The subject template (default `events.{aggregate_type}.{event_type}`).
     pub subject_template: String,
-    /// CloudEvents `source` of this producer (default `/outbox`).
+    /// CloudEvents `source` of this producer: the service that emits the
+    /// events (default `/` and the running program's name, e.g.
+    /// `/order-service`; [`NatsConfig::for_service`] sets it from a name).
     pub source: String,
     /// Where the schema registry folder is served, ending in `/`
     /// (`https://schemas.example.com/orders/`): `ce-dataschema` is then the
@@ -215,13 +217,23 @@ impl Default for NatsConfig {
             url: "nats://127.0.0.1:4222".to_owned(),
             stream: "OUTBOX".to_owned(),
             subject_template: "events.{aggregate_type}.{event_type}".to_owned(),
-            source: "/outbox".to_owned(),
+            source: outbox_core::transport::default_source(),
             dataschema_base: None,
             duplicate_window: Duration::from_secs(120),
             message_id_header: true,
             create_stream: true,
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl NatsConfig {
+    /// The defaults, for the service `name`: CloudEvents `source` `/name`.
+    pub fn for_service(name: &str) -> NatsConfig {
+        NatsConfig {
+            source: outbox_core::transport::source_of(name),
+            ..NatsConfig::default()
         }
     }
 }
@@ -394,6 +406,7 @@ impl NatsTransport {
             }
             .into());
         }
+        outbox_core::transport::validate_source("NATS source", &config.source)?;
         let client = connect(&config).await?;
         let context = jetstream::ContextBuilder::new()
             .timeout(config.ack_timeout)

@@ -22,7 +22,10 @@ pub struct RabbitConfig {
     pub exchange: String,
     /// The routing-key template (default `{aggregate_type}.{event_type}`).
     pub routing_key_template: String,
-    /// CloudEvents `source` of this producer (default `/outbox`).
+    /// CloudEvents `source` of this producer, also the messages' `app_id`:
+    /// the service that emits the events (default `/` and the running
+    /// program's name, e.g. `/order-service`; [`RabbitConfig::for_service`]
+    /// sets it from a name).
     pub source: String,
     /// Where the schema registry folder is served, ending in `/`; see
     /// `NatsConfig::dataschema_base` in `outbox-nats`. Default none.
@@ -31,11 +34,15 @@ pub struct RabbitConfig {
     /// otherwise it is only checked (a passive declare) and a missing
     /// exchange is a start-up error.
     pub declare: bool,
-    /// Publish with the `mandatory` flag (default false). On: a message no
-    /// queue is bound for comes back and counts as a retryable failure, so
-    /// nothing is published before its consumers' queues exist. Off: such a
-    /// message is dropped by the broker, as RabbitMQ does for any
-    /// publisher (declare the consumers' queues first, or use on).
+    /// Publish with the `mandatory` flag (default true): a message no queue
+    /// is bound for comes back from the broker and counts as a retryable
+    /// failure, so its event stays pending, its aggregate waits (blocked,
+    /// visible in `outbox blocked list` and the alerts) and it is
+    /// published once a queue is bound. Off: such a message is dropped by
+    /// the broker and its row marked published, a silent loss, as
+    /// RabbitMQ publishers without `mandatory` accept; only for an
+    /// exchange where unrouted messages are expected (e.g. one with an
+    /// alternate exchange configured by its operators).
     pub mandatory: bool,
     /// The largest payload sent (default 16 MiB, RabbitMQ 4's
     /// `max_message_size`; 3.x allows 128 MiB). A larger event is a
@@ -54,10 +61,10 @@ impl Default for RabbitConfig {
             url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
             exchange: "outbox".to_owned(),
             routing_key_template: "{aggregate_type}.{event_type}".to_owned(),
-            source: "/outbox".to_owned(),
+            source: outbox_core::transport::default_source(),
             dataschema_base: None,
             declare: true,
-            mandatory: false,
+            mandatory: true,
             max_message_bytes: 16 * 1024 * 1024,
             connect_timeout: Duration::from_secs(5),
             confirm_timeout: Duration::from_secs(10),
@@ -66,6 +73,15 @@ impl Default for RabbitConfig {
 }
 
 impl RabbitConfig {
+    /// The defaults, for the service `name`: CloudEvents `source` and
+    /// `app_id` `/name`.
+    pub fn for_service(name: &str) -> RabbitConfig {
+        RabbitConfig {
+            source: outbox_core::transport::source_of(name),
+            ..RabbitConfig::default()
+        }
+    }
+
     /// Checks every setting, naming the first wrong one.
     pub(crate) fn validate(&self) -> Result<RoutingKeyTemplate, ConfigError> {
         let bad = |what: &'static str, reason: String| ConfigError::InvalidValue { what, reason };
@@ -96,6 +112,7 @@ impl RabbitConfig {
                 "must be above zero".into(),
             ));
         }
+        outbox_core::transport::validate_source("RabbitMQ source", &self.source)?;
         if let Some(base) = &self.dataschema_base
             && (!base.ends_with('/') || !base.contains(':') || base.contains(char::is_whitespace))
         {

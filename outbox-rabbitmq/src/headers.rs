@@ -1,20 +1,30 @@
-//! The CloudEvents AMQP binding: attributes as `cloudEvents:`-prefixed
-//! application properties, written and read back.
+//! The CloudEvents AMQP binding: attributes as `cloudEvents_`-prefixed
+//! application properties (the binding's preferred spelling, which JMS
+//! selectors can use; the CloudEvents SDKs write it), written and read
+//! back; `cloudEvents:` is read too. `datacontenttype` travels as the
+//! message's `content_type` property, not as a header.
 
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
 /// The prefix of CloudEvents attributes in message headers.
-pub const HEADER_PREFIX: &str = "cloudEvents:";
+pub const HEADER_PREFIX: &str = "cloudEvents_";
 
-/// The header name of a CloudEvents attribute (`cloudEvents:id`).
+/// The binding's other spelling, read as well.
+const COLON_PREFIX: &str = "cloudEvents:";
+
+/// The header name of a CloudEvents attribute (`cloudEvents_id`).
 pub fn header_name(attribute: &str) -> String {
     format!("{HEADER_PREFIX}{attribute}")
 }
 
-/// The headers of one message: each attribute as a long string.
+/// The headers of one message: each attribute as a long string, but
+/// `datacontenttype` (the `content_type` property carries it).
 pub(crate) fn write(attributes: Vec<(&'static str, String)>) -> FieldTable {
     let mut table = FieldTable::default();
     for (attribute, value) in attributes {
+        if attribute == outbox_core::ce::DATACONTENTTYPE {
+            continue;
+        }
         table.insert(
             ShortString::from(header_name(attribute)),
             AMQPValue::LongString(LongString::from(value)),
@@ -24,7 +34,7 @@ pub(crate) fn write(attributes: Vec<(&'static str, String)>) -> FieldTable {
 }
 
 /// The CloudEvents attributes of received headers: names matched without
-/// regard to case (also the `cloudEvents_` spelling some JMS bridges use),
+/// regard to case, with either prefix (`cloudEvents_`, `cloudEvents:`),
 /// lower-cased and stripped of the prefix. Values must be strings in UTF-8;
 /// the first one that is not is returned as the problem, so the message is
 /// quarantined with the header named.
@@ -78,7 +88,7 @@ fn attribute_of(name: &str) -> Option<String> {
     let prefix_len = HEADER_PREFIX.len();
     let prefix = name.get(..prefix_len)?;
     let matches =
-        prefix.eq_ignore_ascii_case(HEADER_PREFIX) || prefix.eq_ignore_ascii_case("cloudEvents_");
+        prefix.eq_ignore_ascii_case(HEADER_PREFIX) || prefix.eq_ignore_ascii_case(COLON_PREFIX);
     matches.then(|| name[prefix_len..].to_ascii_lowercase())
 }
 

@@ -15,10 +15,14 @@
 //! - **properties**: `message_id` = event id, `type` = event type,
 //!   `content_type` = `application/json`, `timestamp` = occurred at (seconds),
 //!   `app_id` = the CloudEvents source, `delivery_mode` 2 (persistent);
-//! - **headers**: every CloudEvents attribute under the AMQP binding's
-//!   `cloudEvents:` prefix (`cloudEvents:id`, `cloudEvents:type`, ...,
-//!   `cloudEvents:aggregateid`), as AMQP long strings, not percent-encoded
-//!   (AMQP header values are binary-safe).
+//! - **headers**: every CloudEvents attribute but `datacontenttype` (that
+//!   is `content_type`) under the AMQP binding's preferred `cloudEvents_`
+//!   prefix (`cloudEvents_id`, `cloudEvents_type`, ...,
+//!   `cloudEvents_aggregateid`; `cloudEvents:` is read too), as AMQP long
+//!   strings, not percent-encoded (AMQP header values are binary-safe);
+//! - **mandatory**: a message no queue is bound for comes back from the
+//!   broker, and is a retryable failure: its event is not marked
+//!   published until a queue is bound (RabbitMQ would drop it silently).
 //!
 //! **Ordering.** A queue is declared with `x-single-active-consumer`: of all
 //! instances consuming it, one receives messages at a time, in queue order;

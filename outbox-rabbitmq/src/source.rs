@@ -229,7 +229,19 @@ impl std::fmt::Debug for RabbitDelivery {
 impl RabbitDelivery {
     fn new(delivery: AmqpDelivery) -> RabbitDelivery {
         let properties = &delivery.properties;
-        let (attributes, problem) = headers::read(properties.headers().as_ref());
+        let (mut attributes, problem) = headers::read(properties.headers().as_ref());
+        // The binding carries `datacontenttype` as the `content_type`
+        // property.
+        if let Some(content_type) = properties.content_type()
+            && !attributes
+                .iter()
+                .any(|(name, _)| name == outbox_core::ce::DATACONTENTTYPE)
+        {
+            attributes.push((
+                outbox_core::ce::DATACONTENTTYPE.to_owned(),
+                content_type.as_str().to_owned(),
+            ));
+        }
         // Quorum queues count deliveries; classic queues only say whether
         // the message was delivered before.
         let attempt = properties

@@ -139,3 +139,32 @@ async fn the_relay_outlives_a_killed_broker_process_and_publishes_in_order_after
     }
     db.drop_schema().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_topics_creates_the_topics_the_contracts_map_to() {
+    let broker = TansuBroker::start();
+    let transport = outbox_kafka::KafkaTransport::connect(outbox_kafka::KafkaConfig {
+        bootstrap_servers: broker.bootstrap_servers(),
+        create_topics: Some(outbox_kafka::TopicCreation {
+            partitions: 3,
+            replication: 1,
+        }),
+        connect_timeout: Duration::from_secs(10),
+        ..outbox_kafka::KafkaConfig::default()
+    })
+    .await
+    .unwrap();
+    assert!(transport.expected_topics().contains("outbox.event.parcel"));
+    assert_eq!(transport.missing_topics(), Vec::<String>::new());
+    assert_eq!(
+        outbox_core::transport::Transport::health(&transport).await,
+        outbox_core::transport::TransportHealth::Up
+    );
+    let envelope =
+        outbox_core::Envelope::for_event(&outbox_tests::events::Ticked::new("created", 1), 1)
+            .unwrap();
+    assert!(
+        outbox_core::transport::Transport::publish(&transport, &[&envelope]).await[0].is_ok(),
+        "a record goes to a topic created at start"
+    );
+}

@@ -202,3 +202,142 @@ async fn rebalances_lose_nothing_and_apply_nothing_twice() {
     relay.drain(Duration::from_secs(5)).await.unwrap();
     db.drop_schema().await;
 }
+
+/// Keys and the partition of 12 that the Java client (and Kafka Connect,
+/// Debezium, Kafka Streams) chooses for each: `murmur2(key) & 0x7fffffff %
+/// 12`, computed with kafka-python's Java-compatible `murmur2` (the
+/// default partitioner of that client), not with the code under test.
+const JAVA_PARTITIONS_OF_12: [(&str, i32); 20] = [
+    ("order-1", 10),
+    ("order-2", 3),
+    ("order-42", 0),
+    ("8d7e2f4e-5b1c-4c4a-9a0e-1f2e3d4c5b6a", 4),
+    ("a.b", 1),
+    ("Zoë 100%", 0),
+    ("line\nbreak", 9),
+    ("plain", 11),
+    ("c0", 6),
+    ("c1", 11),
+    ("c2", 1),
+    ("c3", 5),
+    ("c4", 2),
+    ("c5", 3),
+    ("c6", 7),
+    ("c7", 11),
+    ("c8", 3),
+    ("c9", 0),
+    ("customer/17", 1),
+    ("x", 10),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_land_on_the_partitions_the_java_client_chooses() {
+    let broker = KafkaBroker::start();
+    let topic = "murmur.counter";
+    broker.cluster().create_topic(topic, 12, 1).unwrap();
+    let transport = outbox_kafka::KafkaTransport::connect(outbox_kafka::KafkaConfig {
+        topic_template: "murmur.{aggregate_type}".into(),
+        ..broker.config()
+    })
+    .await
+    .unwrap();
+    for (key, _) in JAVA_PARTITIONS_OF_12 {
+        let envelope = Envelope::for_event(&Ticked::new(key, 1), 1).unwrap();
+        assert!(transport.publish(&[&envelope]).await[0].is_ok(), "{key:?}");
+    }
+    let reader: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.cluster().bootstrap_servers())
+        .set("group.id", "partition-reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    reader.subscribe(&[topic]).unwrap();
+    let mut seen: BTreeMap<String, i32> = BTreeMap::new();
+    while seen.len() < JAVA_PARTITIONS_OF_12.len() {
+        let message = tokio::time::timeout(Duration::from_secs(30), reader.recv())
+            .await
+            .expect("records within 30 s")
+            .unwrap();
+        let key = String::from_utf8(message.key().unwrap().to_vec()).unwrap();
+        seen.insert(key, message.partition());
+    }
+    for (key, partition) in JAVA_PARTITIONS_OF_12 {
+        assert_eq!(
+            seen[key], partition,
+            "{key:?} on the Java client's partition (murmur2)"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_topic_is_retried_for_a_bounded_time_and_reported_by_health() {
+    use outbox_core::transport::TransportHealth;
+
+    let broker = KafkaBroker::start();
+    let unknown = |template: &str, retry: Duration| outbox_kafka::KafkaConfig {
+        topic_template: template.into(),
+        unknown_topic_retry: retry,
+        delivery_timeout: Duration::from_secs(5),
+        client: vec![
+            // The cluster must not create topics on its own here, and
+            // librdkafka gives up waiting for a topic after a second.
+            ("allow.auto.create.topics".into(), "false".into()),
+            ("topic.metadata.propagation.max.ms".into(), "1000".into()),
+        ],
+        ..broker.config()
+    };
+    let transport = outbox_kafka::KafkaTransport::connect(unknown(
+        "fresh.{aggregate_type}",
+        Duration::from_secs(60),
+    ))
+    .await
+    .unwrap();
+    // The topics of the contracts linked into this binary that the
+    // cluster lacks are reported, and publishing goes on.
+    let missing = transport.missing_topics();
+    assert!(missing.iter().any(|t| t == "fresh.counter"), "{missing:?}");
+    match transport.health().await {
+        TransportHealth::Degraded { reason } => {
+            assert!(reason.contains("fresh.counter"), "{reason}")
+        }
+        other => panic!("missing topics degrade the health: {other:?}"),
+    }
+    assert!(transport.health().await.is_up(), "degraded still publishes");
+
+    // Not there yet (a topic created a moment from now): retryable.
+    let envelope = Envelope::for_event(&Ticked::new("unknown", 1), 1).unwrap();
+    let first = transport.publish(&[&envelope]).await.remove(0).unwrap_err();
+    assert!(first.retryable, "{first}");
+    assert!(first.reason.contains("does not know topic"), "{first}");
+    // It is created: the retry goes through.
+    broker
+        .cluster()
+        .create_topic("fresh.counter", 4, 1)
+        .unwrap();
+    let mut delivered = false;
+    for _ in 0..20 {
+        if transport.publish(&[&envelope]).await[0].is_ok() {
+            delivered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(delivered, "published once the topic exists");
+
+    // A topic that never comes: permanent once the window has passed.
+    let never = outbox_kafka::KafkaTransport::connect(unknown(
+        "never.{aggregate_type}",
+        Duration::from_secs(2),
+    ))
+    .await
+    .unwrap();
+    let first = never.publish(&[&envelope]).await.remove(0).unwrap_err();
+    assert!(first.retryable, "{first}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = never.publish(&[&envelope]).await.remove(0).unwrap_err();
+    assert!(!later.retryable, "{later}");
+    assert!(
+        later.reason.contains("does not exist") && later.reason.contains("never.counter"),
+        "{later}"
+    );
+}

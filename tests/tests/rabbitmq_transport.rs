@@ -1,8 +1,12 @@
 //! What only RabbitMQ has: the message properties a plain AMQP reader sees
-//! (message id, type, persistence, `cloudEvents:` headers), and the broker's
-//! own refusal of a message over its `max_message_size`, which closes the
-//! channel: only that message fails for good, the others of its batch are
-//! retryable, and the next batch goes out on a new channel.
+//! (message id, type, persistence, `content_type`, the service's `app_id`,
+//! `cloudEvents_` headers without a duplicate content type); a message no
+//! queue is bound for, which by default is not dropped: it comes back,
+//! its event waits (retrying) and is published, in order, once a queue is
+//! bound; and the broker's own refusal of a message over its
+//! `max_message_size`, which closes the channel: only that message fails
+//! for good, the others of its batch are retryable, and the next batch
+//! goes out on a new channel.
 
 use std::time::Duration;
 
@@ -93,14 +97,34 @@ async fn messages_carry_the_event_id_type_persistence_and_cloudevents_headers() 
         Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
         other => panic!("{name}: {other:?}"),
     };
-    assert_eq!(text("cloudEvents:id"), envelope.id.to_string());
+    assert_eq!(text("cloudEvents_id"), envelope.id.to_string());
     assert_eq!(
-        text("cloudEvents:subject"),
+        text("cloudEvents_subject"),
         "Zoë 100%",
         "not percent-encoded"
     );
-    assert_eq!(text("cloudEvents:aggregateversion"), "3");
-    assert_eq!(text("cloudEvents:specversion"), "1.0");
+    assert_eq!(text("cloudEvents_aggregateversion"), "3");
+    assert_eq!(text("cloudEvents_specversion"), "1.0");
+    assert_eq!(text("cloudEvents_source"), config.source);
+    assert!(
+        !headers.keys().any(|name| name
+            .as_str()
+            .to_ascii_lowercase()
+            .contains("datacontenttype")),
+        "the content type travels once, as content_type: {headers:?}"
+    );
+    assert!(
+        headers
+            .keys()
+            .all(|name| !name.as_str().starts_with("cloudEvents:")),
+        "the binding's preferred prefix only: {headers:?}"
+    );
+    assert_eq!(
+        properties.app_id().as_ref().unwrap().as_str(),
+        config.source,
+        "app_id names the service"
+    );
+    assert_ne!(config.source, "/outbox", "no shared default source");
     delivery.ack(BasicAckOptions::default()).await.unwrap();
 }
 
@@ -121,9 +145,10 @@ fn set_broker_max_message_size(bytes: u64) {
 async fn the_broker_refusing_a_large_message_fails_only_that_message() {
     // Only this test sends messages over 3 MiB; the limit is restored after.
     set_broker_max_message_size(3 * 1024 * 1024);
+    let exchange = unique_name("refusal");
     let transport = RabbitTransport::connect(RabbitConfig {
         url: amqp_url(),
-        exchange: unique_name("refusal"),
+        exchange: exchange.clone(),
         max_message_bytes: 64 * 1024 * 1024,
         ..RabbitConfig::default()
     })
@@ -138,6 +163,8 @@ async fn the_broker_refusing_a_large_message_fails_only_that_message() {
         1,
     )
     .unwrap();
+    // A queue for the small messages: unrouted ones would come back.
+    let (_connection, _channel, _queue) = queue_for(&exchange).await;
     let (before, after) = (small("before"), small("after"));
     let outcomes = transport.publish(&[&before, &large, &after]).await;
     set_broker_max_message_size(128 * 1024 * 1024);
@@ -160,4 +187,90 @@ async fn the_broker_refusing_a_large_message_fails_only_that_message() {
     // A new channel for the next batch.
     let again = transport.publish(&[&after]).await;
     assert!(again[0].is_ok(), "{:?}", again[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_no_queue_is_bound_for_waits_instead_of_being_dropped() {
+    use outbox_core::relay::{Backoff, Relay, RelayConfig};
+    use outbox_tests::{TestDb, wait};
+
+    let db = TestDb::new().await;
+    let config = RabbitConfig {
+        url: amqp_url(),
+        exchange: unique_name("unbound"),
+        ..RabbitConfig::default()
+    };
+    assert!(config.mandatory, "mandatory by default");
+    let relay = Relay::start_postgres(
+        db.pool.clone(),
+        db.schema.clone(),
+        RabbitTransport::connect(config.clone()).await.unwrap(),
+        RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_millis(300),
+                multiplier: 2.0,
+                jitter: 0.0,
+            },
+            max_attempts: 1_000,
+            stats_interval: Duration::ZERO,
+            ..RelayConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let events: Vec<Ticked> = (1..=3).map(|t| Ticked::new("unrouted", t)).collect();
+    db.outbox.emit_all(&mut tx, &events).await.unwrap();
+    tx.commit().await.unwrap();
+    // Nothing is bound to the exchange: the broker returns the message,
+    // the event is not marked published and its aggregate waits.
+    wait::until(
+        "the head retried as unroutable",
+        Duration::from_secs(20),
+        || async {
+            db.scalar::<i64>(
+                "SELECT count(*) FROM {s}.outbox_events
+                 WHERE aggregate_version = 1 AND status = 'pending' AND attempt_count >= 2
+                   AND last_error LIKE '%unroutable%'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(db.published().await, 0, "nothing dropped as published");
+
+    // A queue is bound: the three go out, in order.
+    let (_connection, channel, queue) = queue_for(&config.exchange).await;
+    wait::until("all three published", Duration::from_secs(30), || async {
+        db.published().await == 3
+    })
+    .await;
+    relay.drain(Duration::from_secs(5)).await.unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut versions = Vec::new();
+    while versions.len() < 3 {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("the messages within 10 s")
+            .unwrap()
+            .unwrap();
+        let headers = delivery.properties.headers().as_ref().unwrap().inner();
+        if let Some(AMQPValue::LongString(v)) = headers.get("cloudEvents_aggregateversion") {
+            versions.push(String::from_utf8(v.as_bytes().to_vec()).unwrap());
+        }
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+    assert_eq!(versions, vec!["1", "2", "3"]);
+    db.drop_schema().await;
 }

@@ -49,8 +49,15 @@ impl HealthState {
             .clone()
     }
 
-    /// Records a transport that is up; logs the recovery once.
-    pub(crate) fn transport_up(&self, schema: &str, transport: &'static str) {
+    /// Records a transport that can publish (up, or degraded with a
+    /// reason); logs the recovery once, and a degradation when its reason
+    /// changes.
+    pub(crate) fn transport_up(
+        &self,
+        schema: &str,
+        transport: &'static str,
+        health: TransportHealth,
+    ) {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(since) = current.down_since.take() {
             tracing::info!(
@@ -59,7 +66,12 @@ impl HealthState {
                 "relay transport is back; publishing resumes"
             );
         }
-        current.transport = TransportHealth::Up;
+        if let TransportHealth::Degraded { reason } = &health
+            && current.transport != health
+        {
+            tracing::warn!(transport, %reason, "relay transport is degraded; publishing goes on");
+        }
+        current.transport = health;
         metrics::gauge!(m::TRANSPORT_UP, "schema" => schema.to_owned(), "transport" => transport)
             .set(1.0);
     }
@@ -70,7 +82,7 @@ impl HealthState {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         let changed = match &current.transport {
             TransportHealth::Down { reason: old } => *old != reason,
-            TransportHealth::Up => true,
+            TransportHealth::Up | TransportHealth::Degraded { .. } => true,
         };
         if changed {
             tracing::warn!(transport, %reason, "relay transport is down; events stay pending, no attempts are used");

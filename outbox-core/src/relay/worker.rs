@@ -53,11 +53,11 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
         // A transport that is down would fail every publish and walk the
         // events towards the failed state: claim nothing until it is back.
         match shared.transport.health().await {
-            TransportHealth::Up => {
+            health @ (TransportHealth::Up | TransportHealth::Degraded { .. }) => {
                 consecutive_down = 0;
                 shared
                     .health
-                    .transport_up(&shared.schema_label, shared.transport.name());
+                    .transport_up(&shared.schema_label, shared.transport.name(), health);
             }
             TransportHealth::Down { reason } => {
                 if consecutive_down == 0

@@ -5,7 +5,10 @@
 //! [`MessageSource`](crate::consumer::MessageSource).
 
 pub use crate::encoding;
+mod source;
 pub mod template;
+
+pub use source::{default_source, source_of, validate_source};
 
 use std::fmt;
 use std::future::Future;
@@ -63,12 +66,21 @@ pub enum TransportHealth {
         /// What is wrong, for logs and health endpoints.
         reason: String,
     },
+    /// Connected and publishing, but something needs an operator's look:
+    /// some events would fail (a Kafka topic the contracts map to does
+    /// not exist, say). The relay publishes as when up and reports the
+    /// reason.
+    Degraded {
+        /// What needs a look.
+        reason: String,
+    },
 }
 
 impl TransportHealth {
-    /// Whether it is [`TransportHealth::Up`].
+    /// Whether the transport can publish: [`TransportHealth::Up`] or
+    /// [`TransportHealth::Degraded`].
     pub fn is_up(&self) -> bool {
-        matches!(self, TransportHealth::Up)
+        !matches!(self, TransportHealth::Down { .. })
     }
 }
 

@@ -2,7 +2,10 @@
 //! reached through a TCP proxy the test owns (the broker "goes down" for
 //! this test's clients only), with an exchange of the test's own.
 
-use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+use lapin::options::{
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use outbox_core::consumer::Consumer;
 use outbox_rabbitmq::{RabbitConfig, RabbitSource, RabbitSourceConfig, RabbitTransport};
@@ -75,6 +78,40 @@ impl RabbitBroker {
     }
 }
 
+impl RabbitBroker {
+    /// Declares `<exchange>.sink` bound with `#` to the test's exchange
+    /// (which the transport declared), removed again by `clean_up`.
+    async fn bind_sink(&self) {
+        let queue = format!("{}.sink", self.exchange);
+        let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ for the sink queue");
+        let channel = connection.create_channel().await.expect("channel");
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the sink queue");
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                self.exchange.as_str().into(),
+                "#".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the sink queue");
+        let mut queues = self.queues.lock().unwrap();
+        if !queues.contains(&queue) {
+            queues.push(queue);
+        }
+    }
+}
+
 /// `host:port` of an AMQP URL.
 fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
@@ -90,10 +127,15 @@ impl Broker for RabbitBroker {
         "rabbitmq"
     }
 
+    /// A transport with the crate's defaults (`mandatory` included), and
+    /// a queue of the test's own bound to every routing key, so a publish
+    /// with no consumer yet is routed rather than returned.
     async fn transport(&self) -> RabbitTransport {
-        RabbitTransport::connect(self.config())
+        let transport = RabbitTransport::connect(self.config())
             .await
-            .expect("RabbitMQ transport")
+            .expect("RabbitMQ transport");
+        self.bind_sink().await;
+        transport
     }
 
     async fn source(&self, consumer: &Consumer) -> RabbitSource {
