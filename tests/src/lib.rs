@@ -17,6 +17,7 @@ pub mod nats;
 pub mod pgcluster;
 pub mod ports;
 pub mod proxy;
+pub mod rabbitnode;
 pub mod statements;
 pub mod stats;
 pub mod tansu;

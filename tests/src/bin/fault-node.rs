@@ -13,17 +13,24 @@
 //!
 //! Settings from the environment: `OUTBOX_TEST_SCHEMA` (the schema in the
 //! test database), `OUTBOX_PG_ADDR` (`host:port` to reach PostgreSQL
-//! through, the suite's proxy), `OUTBOX_NATS_URL`, and for consumers
-//! `OUTBOX_PARK_TIMEOUT_MS` (strict; default 600 s) and `OUTBOX_CHAOS` (`<seed>:<duplicates per mille>:<shuffle 0|1>`: a
-//! [`ChaosSource`] around the JetStream source).
+//! through, the suite's proxy), `OUTBOX_BROKER` (`nats`, the default,
+//! `kafka` or `rabbitmq`) with `OUTBOX_NATS_URL`, `OUTBOX_KAFKA_BOOTSTRAP`
+//! or `OUTBOX_AMQP_URL`, and for consumers `OUTBOX_PARK_TIMEOUT_MS`
+//! (strict; default 600 s) and `OUTBOX_CHAOS` (`<seed>:<duplicates per
+//! mille>:<shuffle 0|1>`: a [`ChaosSource`] around the broker's source).
 
 use std::time::Duration;
 
-use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Ordering, RetryPolicy};
+use outbox_core::consumer::{
+    Consumer, ConsumerBuilder, ConsumerConfig, ConsumerTask, MessageSource, Ordering, RetryPolicy,
+};
 use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::transport::Transport;
 use outbox_core::store::SchemaName;
 use outbox_core::{EmitError, EmitOptions, EmitOutcome, EventDraft, Outbox};
+use outbox_kafka::{KafkaConfig, KafkaSource, KafkaSourceConfig, KafkaTransport};
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
+use outbox_rabbitmq::{RabbitConfig, RabbitSource, RabbitSourceConfig, RabbitTransport};
 use outbox_tests::chaos::{Chaos, ChaosSource};
 use outbox_tests::consumers::tick_handler;
 use outbox_tests::events::{PieceMoved, Ticked};
@@ -57,12 +64,73 @@ fn nats() -> NatsConfig {
     }
 }
 
+/// The rig's Kafka (its mock cluster): deliveries bounded below the
+/// relay's publish timeout, reconnects tried every half second at most.
+fn kafka() -> KafkaConfig {
+    KafkaConfig {
+        bootstrap_servers: env("OUTBOX_KAFKA_BOOTSTRAP"),
+        delivery_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        client: vec![("reconnect.backoff.max.ms".into(), "500".into())],
+        ..KafkaConfig::default()
+    }
+}
+
+/// The rig's RabbitMQ node, through the rig's proxy.
+fn rabbit() -> RabbitConfig {
+    RabbitConfig {
+        url: env("OUTBOX_AMQP_URL"),
+        connect_timeout: Duration::from_secs(2),
+        confirm_timeout: Duration::from_secs(2),
+        ..RabbitConfig::default()
+    }
+}
+
+/// `OUTBOX_BROKER`: `nats` (default), `kafka` or `rabbitmq`.
+fn broker() -> String {
+    std::env::var("OUTBOX_BROKER").unwrap_or_else(|_| "nats".to_owned())
+}
+
 fn schema() -> SchemaName {
     SchemaName::new(env("OUTBOX_TEST_SCHEMA")).expect("valid schema")
 }
 
 async fn relay(batch_size: usize) {
-    let transport = NatsTransport::connect(nats()).await.expect("NATS settings");
+    match broker().as_str() {
+        "nats" => relay_to(retrying("NATS", || NatsTransport::connect(nats())).await, batch_size).await,
+        "kafka" => relay_to(retrying("Kafka", || KafkaTransport::connect(kafka())).await, batch_size).await,
+        "rabbitmq" => {
+            relay_to(retrying("RabbitMQ", || RabbitTransport::connect(rabbit())).await, batch_size)
+                .await
+        }
+        other => panic!("OUTBOX_BROKER {other:?}: nats, kafka or rabbitmq"),
+    }
+}
+
+/// Connects with `connect`, again every half second for up to a minute:
+/// the rig may have the broker down (or restarting) when it starts a
+/// process.
+async fn retrying<T, E, F, Fut>(what: &str, connect: F) -> T
+where
+    E: std::fmt::Display,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut tries = 0;
+    loop {
+        match connect().await {
+            Ok(connected) => return connected,
+            Err(error) if tries < 120 => {
+                tries += 1;
+                eprintln!("{what}: {error}; again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
+
+async fn relay_to<T: Transport>(transport: T, batch_size: usize) {
     let config = RelayConfig {
         poll_interval: Duration::from_millis(50),
         publish_timeout: Duration::from_secs(2),
@@ -133,14 +201,43 @@ async fn consumer(name: &str, ordering: &str, batch_size: usize) {
         .on_fn::<PieceMoved, _>(outbox_tests::consumers::effect_handler(table))
         .build(pool, schema)
         .expect("consumer builds");
-    let config = JetStreamSourceConfig {
-        ack_wait: Duration::from_secs(5),
-        ..JetStreamSourceConfig::for_consumer(&consumer, nats()).expect("source settings")
+    let task = match broker().as_str() {
+        "nats" => {
+            let config = JetStreamSourceConfig {
+                ack_wait: Duration::from_secs(5),
+                ..JetStreamSourceConfig::for_consumer(&consumer, nats()).expect("source settings")
+            };
+            let source = retrying("NATS", || JetStreamSource::connect(config.clone())).await;
+            spawn_with_chaos(&consumer, source)
+        }
+        "kafka" => {
+            let mut config =
+                KafkaSourceConfig::for_consumer(&consumer, kafka()).expect("source settings");
+            // A killed instance's partitions move to the others quickly.
+            config.kafka.client.extend([
+                ("session.timeout.ms".into(), "6000".into()),
+                ("heartbeat.interval.ms".into(), "500".into()),
+            ]);
+            let source = retrying("Kafka", || KafkaSource::connect(config.clone())).await;
+            spawn_with_chaos(&consumer, source)
+        }
+        "rabbitmq" => {
+            let config =
+                RabbitSourceConfig::for_consumer(&consumer, rabbit()).expect("source settings");
+            let source = retrying("RabbitMQ", || RabbitSource::connect(config.clone())).await;
+            spawn_with_chaos(&consumer, source)
+        }
+        other => panic!("OUTBOX_BROKER {other:?}: nats, kafka or rabbitmq"),
     };
-    let source = JetStreamSource::connect(config).await.expect("NATS source");
     println!("consumer {name} started");
-    let task = match Chaos::from_env() {
-        // Each process its own choices, from the suite's seed.
+    task.join().await.expect("consumer task");
+}
+
+/// Runs `consumer` on `source`, inside a [`ChaosSource`] when
+/// `OUTBOX_CHAOS` asks for one (each process its own choices, from the
+/// suite's seed).
+fn spawn_with_chaos<S: MessageSource>(consumer: &Consumer, source: S) -> ConsumerTask {
+    match Chaos::from_env() {
         Some(chaos) => consumer.spawn(ChaosSource::new(
             source,
             Chaos {
@@ -149,8 +246,7 @@ async fn consumer(name: &str, ordering: &str, batch_size: usize) {
             },
         )),
         None => consumer.spawn(source),
-    };
-    task.join().await.expect("consumer task");
+    }
 }
 
 /// From `writers` concurrent writers, each round: every writer emits a

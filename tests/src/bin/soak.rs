@@ -7,6 +7,7 @@
 //! ```text
 //! scripts/soak.sh [--events 1000000] [--rate 2500] [--seed <n>] [--fault-every 5]
 //!                 [--aggregates 1000] [--threshold 2] [--out target/soak]
+//!                 [--broker nats|kafka|rabbitmq]
 //! ```
 //!
 //! Exits with 1 when an invariant broke or the system did not drain.
@@ -17,7 +18,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_tests::faults::invariants::{self, Check, Expected};
 use outbox_tests::faults::report::{self, Report, Sampler};
-use outbox_tests::faults::{CONSUMERS, FAULTS, Fault, Rig, RigConfig, Schedule};
+use outbox_tests::faults::{BrokerKind, CONSUMERS, FAULTS, Fault, Rig, RigConfig, Schedule};
 
 struct Options {
     events: u64,
@@ -27,6 +28,7 @@ struct Options {
     aggregates: usize,
     threshold: f64,
     out: PathBuf,
+    broker: BrokerKind,
 }
 
 fn options() -> Options {
@@ -38,6 +40,7 @@ fn options() -> Options {
         aggregates: 1_000,
         threshold: 2.0,
         out: PathBuf::from("target/soak"),
+        broker: BrokerKind::Nats,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
@@ -61,6 +64,14 @@ fn options() -> Options {
             "--aggregates" => options.aggregates = number("--aggregates") as usize,
             "--threshold" => options.threshold = number("--threshold"),
             "--out" => options.out = PathBuf::from(value),
+            "--broker" => {
+                options.broker = match value.as_str() {
+                    "nats" => BrokerKind::Nats,
+                    "kafka" => BrokerKind::Kafka,
+                    "rabbitmq" => BrokerKind::RabbitMq,
+                    other => usage(&format!("--broker {other:?}: nats, kafka or rabbitmq")),
+                }
+            }
             other => usage(&format!("unknown option {other}")),
         }
     }
@@ -72,7 +83,7 @@ fn options() -> Options {
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "soak: {problem}\nusage: soak [--events N] [--rate EVENTS_PER_S] [--seed N] [--fault-every SECONDS] [--aggregates N] [--threshold SECONDS] [--out DIR]"
+        "soak: {problem}\nusage: soak [--events N] [--rate EVENTS_PER_S] [--seed N] [--fault-every SECONDS] [--aggregates N] [--threshold SECONDS] [--out DIR] [--broker nats|kafka|rabbitmq]"
     );
     std::process::exit(2)
 }
@@ -91,12 +102,16 @@ async fn main() {
     );
     let seed = options.seed;
     println!(
-        "soak: {} events at {} events/s, a fault every ~{} s, seed {seed} (replay with --seed {seed})",
-        options.events, options.rate, options.fault_every
+        "soak: {} events at {} events/s on {}, a fault every ~{} s, seed {seed} (replay with --seed {seed})",
+        options.events,
+        options.rate,
+        options.broker.name(),
+        options.fault_every
     );
     let mut rig = Rig::start(
         seed,
         RigConfig {
+            broker: options.broker,
             node_binary,
             relays: 2,
             relay_batch: 500,

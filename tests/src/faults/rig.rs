@@ -1,21 +1,22 @@
 //! The rig: a private PostgreSQL cluster (reached by relays and consumers
-//! through a TCP proxy the rig owns), a private nats-server, relays and
-//! consumers as `fault-node` OS processes, and the faults injected into
-//! them.
+//! through a TCP proxy the rig owns), a broker of the rig's own (a private
+//! nats-server, librdkafka's mock cluster or a private RabbitMQ node, see
+//! [`RigBroker`]), relays and consumers as `fault-node` OS processes, and
+//! the faults injected into them.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use super::broker::{BrokerKind, RigBroker};
 use super::schedule::Schedule;
+use crate::TestDb;
 use crate::consumers::create_effects;
 use crate::pgcluster::PgCluster;
 use crate::proxy::TcpProxy;
-use crate::{NatsServer, TestDb};
 
 /// One kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -29,32 +30,35 @@ pub enum Fault {
     /// SIGKILL of a consumer process (before its commit or between commit
     /// and ack), started again.
     KillConsumer,
-    /// nats-server killed and started again on its port and store.
-    RestartNats,
+    /// The broker taken down and brought back with what it stored:
+    /// nats-server or the RabbitMQ node killed and started again on its
+    /// store, the Kafka mock broker down and up.
+    RestartBroker,
     /// Every database connection of the relays and consumers cut, new
     /// ones refused for a while.
     CutDatabase,
     /// Every byte between the relays and consumers and both servers
-    /// (PostgreSQL and NATS) held 20–200 ms before it is passed on, for a
-    /// few seconds: slow round trips, not a failure.
+    /// (PostgreSQL and the broker) held 20–200 ms before it is passed on,
+    /// for a few seconds: slow round trips, not a failure.
     DelayNetwork,
     /// The network to PostgreSQL drops everything (no reset, no new
     /// connection gets through) for 1.5–4.5 s, then heals: clients see
     /// silence, the server ends sessions idle past their timeouts, and
     /// what was sent meanwhile arrives after.
     BlackholeDatabase,
-    /// The network to nats-server drops everything for 1.5–4.5 s, then
-    /// heals: publishes and fetches time out instead of failing.
-    BlackholeNats,
+    /// The network to the broker drops everything for 1.5–4.5 s, then
+    /// heals: publishes and fetches time out instead of failing (Kafka:
+    /// the mock broker answers only after that long).
+    BlackholeBroker,
     /// `pg_ctl restart -m fast` of the private cluster.
     RestartPostgres,
     /// The outbox table locked (`ACCESS EXCLUSIVE`, as a migration would)
     /// longer than the relays' statement timeout: their claims time out.
     LockOutbox,
-    /// Messages already in the stream published again under new message
-    /// ids (JetStream cannot drop them as duplicates).
+    /// Messages already on the broker published again (on JetStream under
+    /// new message ids, so it cannot drop them as duplicates).
     BrokerDuplicates,
-    /// Messages the outbox never wrote, published to the stream: one with
+    /// Messages the outbox never wrote, published to the broker: one with
     /// an event's headers and a payload that does not decode, one without
     /// any headers.
     BrokerPoison,
@@ -65,11 +69,11 @@ pub const FAULTS: [Fault; 12] = [
     Fault::KillRelay,
     Fault::StopRelay,
     Fault::KillConsumer,
-    Fault::RestartNats,
+    Fault::RestartBroker,
     Fault::CutDatabase,
     Fault::DelayNetwork,
     Fault::BlackholeDatabase,
-    Fault::BlackholeNats,
+    Fault::BlackholeBroker,
     Fault::RestartPostgres,
     Fault::LockOutbox,
     Fault::BrokerDuplicates,
@@ -91,6 +95,8 @@ pub struct FaultRecord {
 /// Shape of a rig.
 #[derive(Debug, Clone)]
 pub struct RigConfig {
+    /// The broker.
+    pub broker: BrokerKind,
     /// The `fault-node` binary.
     pub node_binary: PathBuf,
     /// Relay processes.
@@ -136,12 +142,10 @@ pub struct Rig {
     pub postgres: PgCluster,
     /// The test schema in it, reached directly (not through the proxy).
     pub db: TestDb,
-    /// The private nats-server.
-    pub nats: NatsServer,
+    /// The broker.
+    pub broker: RigBroker,
     /// Between the nodes and PostgreSQL.
     proxy: TcpProxy,
-    /// Between the nodes and nats-server.
-    nats_proxy: TcpProxy,
     config: RigConfig,
     env: Vec<(String, String)>,
     relays: Vec<Node>,
@@ -179,9 +183,8 @@ impl Rig {
         let postgres = PgCluster::start();
         let db = TestDb::on_server(&postgres.url(), 4).await;
         create_effects(&db).await;
-        let nats = NatsServer::start();
+        let broker = RigBroker::start(config.broker).await;
         let proxy = TcpProxy::start(&format!("127.0.0.1:{}", postgres.port())).await;
-        let nats_proxy = TcpProxy::start(nats.url().trim_start_matches("nats://")).await;
         let mut env = vec![
             ("DATABASE_URL".to_owned(), postgres.url()),
             (
@@ -189,11 +192,8 @@ impl Rig {
                 db.schema.as_str().to_owned(),
             ),
             ("OUTBOX_PG_ADDR".to_owned(), proxy.address()),
-            (
-                "OUTBOX_NATS_URL".to_owned(),
-                format!("nats://{}", nats_proxy.address()),
-            ),
         ];
+        env.extend(broker.env());
         if let Some(chaos) = &config.chaos {
             env.push(("OUTBOX_CHAOS".to_owned(), chaos.clone()));
         }
@@ -201,23 +201,13 @@ impl Rig {
             "OUTBOX_PARK_TIMEOUT_MS".to_owned(),
             STRICT_PARK_TIMEOUT.as_millis().to_string(),
         ));
-        // The stream must exist before the consumers' durables.
-        drop(
-            outbox_nats::NatsTransport::connect(outbox_nats::NatsConfig {
-                url: nats.url(),
-                ..outbox_nats::NatsConfig::default()
-            })
-            .await
-            .expect("create the stream"),
-        );
         let mut rig = Rig {
             seed,
             schedule: Schedule::new(seed),
             postgres,
             db,
-            nats,
+            broker,
             proxy,
-            nats_proxy,
             env,
             relays: Vec::new(),
             consumers: Vec::new(),
@@ -363,11 +353,9 @@ impl Rig {
                 self.restart(&mut node);
                 self.consumers.push(node);
             }
-            Fault::RestartNats => {
-                self.nats.stop();
+            Fault::RestartBroker => {
                 let down = 500 + self.schedule.below(1_500);
-                tokio::time::sleep(Duration::from_millis(down)).await;
-                self.nats.resume();
+                self.broker.restart(Duration::from_millis(down)).await;
             }
             Fault::RestartPostgres => {
                 // Blocks this worker for the restart (a second or two);
@@ -384,10 +372,10 @@ impl Rig {
                 let latency = Duration::from_millis(20 + self.schedule.below(180));
                 let length = 2_000 + self.schedule.below(3_000);
                 self.proxy.delay(latency);
-                self.nats_proxy.delay(latency);
+                self.broker.delay(latency);
                 tokio::time::sleep(Duration::from_millis(length)).await;
                 self.proxy.heal();
-                self.nats_proxy.heal();
+                self.broker.heal();
             }
             Fault::BlackholeDatabase => {
                 let length = 1_500 + self.schedule.below(3_000);
@@ -395,11 +383,11 @@ impl Rig {
                 tokio::time::sleep(Duration::from_millis(length)).await;
                 self.proxy.heal();
             }
-            Fault::BlackholeNats => {
+            Fault::BlackholeBroker => {
                 let length = 1_500 + self.schedule.below(3_000);
-                self.nats_proxy.blackhole();
-                tokio::time::sleep(Duration::from_millis(length)).await;
-                self.nats_proxy.heal();
+                self.broker
+                    .blackhole(Duration::from_millis(length))
+                    .await;
             }
             Fault::LockOutbox => {
                 let hold =
@@ -408,7 +396,7 @@ impl Rig {
             }
             Fault::BrokerDuplicates => {
                 let count = 5 + self.schedule.below(20);
-                self.republish(count).await;
+                self.broker.republish(count, &mut self.schedule).await;
             }
             Fault::BrokerPoison => self.publish_poison().await,
         }
@@ -448,92 +436,26 @@ impl Rig {
         );
     }
 
-    async fn jetstream(&self) -> async_nats::jetstream::Context {
-        for _ in 0..40 {
-            if let Ok(client) = async_nats::connect(self.nats.url()).await {
-                return async_nats::jetstream::new(client);
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        panic!("seed {}: nats-server does not answer", self.seed);
-    }
-
-    /// Publishes `count` messages of the stream again, each under a new
-    /// `Nats-Msg-Id`.
-    async fn republish(&mut self, count: u64) {
-        let js = self.jetstream().await;
-        let Ok(mut stream) = js.get_stream("OUTBOX").await else {
-            return;
-        };
-        let Ok(info) = stream.info().await else {
-            return;
-        };
-        let (first, last) = (info.state.first_sequence, info.state.last_sequence);
-        if last < first || last == 0 {
-            return;
-        }
-        for _ in 0..count {
-            let sequence = first + self.schedule.below(last - first + 1);
-            let Ok(message) = stream.get_raw_message(sequence).await else {
-                continue;
-            };
-            let mut headers = HeaderMap::new();
-            for (name, values) in message.headers.iter() {
-                let name: &str = name.as_ref();
-                if name.eq_ignore_ascii_case("Nats-Msg-Id") {
-                    continue;
-                }
-                for value in values {
-                    headers.append(name, value.as_str());
-                }
-            }
-            headers.insert("Nats-Msg-Id", format!("copy-{}", Uuid::new_v4()).as_str());
-            if let Ok(ack) = js
-                .publish_with_headers(message.subject.clone(), headers, message.payload)
-                .await
-            {
-                let _ = ack.await;
-            }
-        }
-    }
-
     /// Publishes an event-shaped message with a payload that does not
     /// decode (a new id, its own aggregate) and a message without headers.
     async fn publish_poison(&mut self) {
-        let js = self.jetstream().await;
         let n = self.poison.len() + self.garbage.len();
-        let id = Uuid::new_v4();
-        let mut headers = HeaderMap::new();
-        for (name, value) in [
-            ("ce-specversion", "1.0".to_owned()),
-            ("ce-id", id.to_string()),
-            ("ce-source", "not-the-outbox".to_owned()),
-            ("ce-type", "counter.ticked".to_owned()),
-            ("ce-time", "2026-12-03T00:00:00Z".to_owned()),
-            ("ce-schemaversion", "1".to_owned()),
-            ("ce-aggregatetype", "counter".to_owned()),
-            ("ce-aggregateid", format!("broker-poison-{n}")),
-            ("ce-aggregateversion", "1".to_owned()),
-            ("Nats-Msg-Id", id.to_string()),
-        ] {
-            headers.insert(name, value.as_str());
-        }
         let garbage = format!("not an event {n} from seed {}", self.seed).into_bytes();
-        let sent = async {
-            js.publish_with_headers(
-                "events.counter.counter.ticked",
-                headers,
-                br#"{"tick":"not a number"}"#.to_vec().into(),
-            )
-            .await?
-            .await?;
-            js.publish("events.counter.counter.ticked", garbage.clone().into())
-                .await?
-                .await?;
-            Ok::<_, async_nats::Error>(())
+        let id = Uuid::new_v4();
+        let mut tries = 0;
+        loop {
+            // The broker may be coming back from an earlier fault; a retry
+            // sends the same id (a duplicate the consumers recognise).
+            match self.broker.publish_poison(id, n, &garbage).await {
+                Ok(()) => break,
+                Err(error) if tries < 20 => {
+                    tries += 1;
+                    tracing::debug!(%error, "publish broker poison; again");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(error) => panic!("seed {}: publish broker poison: {error}", self.seed),
+            }
         }
-        .await;
-        sent.unwrap_or_else(|e| panic!("seed {}: publish broker poison: {e}", self.seed));
         self.poison.push(id);
         self.garbage.push(garbage);
     }
