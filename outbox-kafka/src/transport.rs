@@ -115,9 +115,29 @@ pub struct KafkaTransport {
     /// Since when each topic the cluster does not know has been refused:
     /// retried until `unknown_topic_retry` has passed, then permanent.
     unknown_since: Mutex<HashMap<String, Instant>>,
-    /// The topics of the linked contracts that did not exist at the last
-    /// look, and when that was.
-    missing: Mutex<(BTreeSet<String>, Option<Instant>)>,
+    /// What the last look for the linked contracts' topics found.
+    topics: Mutex<TopicLook>,
+}
+
+/// The transport's knowledge of the topics the linked contracts map to.
+#[derive(Debug, Default)]
+struct TopicLook {
+    /// Whether a look has completed (the cluster answered with its topics).
+    complete: bool,
+    /// The expected topics that did not exist at the last complete look.
+    missing: BTreeSet<String>,
+    /// When the last look was tried, completed or not.
+    tried_at: Option<Instant>,
+}
+
+impl TopicLook {
+    /// Whether to look again: until a look completes (a transport that
+    /// started while the cluster was down looks once it answers), and
+    /// while topics are missing, at most every `TOPIC_RECHECK`.
+    fn due(&self) -> bool {
+        (!self.complete || !self.missing.is_empty())
+            && self.tried_at.is_none_or(|at| at.elapsed() >= TOPIC_RECHECK)
+    }
 }
 
 impl KafkaTransport {
@@ -134,7 +154,7 @@ impl KafkaTransport {
             template,
             reach,
             unknown_since: Mutex::new(HashMap::new()),
-            missing: Mutex::new((BTreeSet::new(), None)),
+            topics: Mutex::new(TopicLook::default()),
         };
         if let Err(reason) = transport.probe(transport.config.connect_timeout).await {
             tracing::warn!(
@@ -164,10 +184,10 @@ impl KafkaTransport {
 
     /// The expected topics that did not exist at the last look.
     pub fn missing_topics(&self) -> Vec<String> {
-        self.missing
+        self.topics
             .lock()
-            .expect("missing topics lock")
-            .0
+            .expect("topic look lock")
+            .missing
             .iter()
             .cloned()
             .collect()
@@ -179,12 +199,19 @@ impl KafkaTransport {
     /// remembers what is still missing for the health check.
     async fn check_topics(&self) -> Result<(), KafkaError> {
         let expected = self.expected_topics();
-        let existing = self.topic_names().await;
-        let mut missing: BTreeSet<String> = match &existing {
-            Ok(existing) => expected.difference(existing).cloned().collect(),
-            // Unknown until the next look; publishing tells meanwhile.
-            Err(_) => BTreeSet::new(),
+        let existing = match self.topic_names().await {
+            Ok(existing) => existing,
+            Err(reason) => {
+                // Unknown until the next look; publishing tells meanwhile.
+                tracing::debug!(
+                    reason,
+                    "could not list the Kafka topics; looking again later"
+                );
+                self.topics.lock().expect("topic look lock").tried_at = Some(Instant::now());
+                return Ok(());
+            }
         };
+        let mut missing: BTreeSet<String> = expected.difference(&existing).cloned().collect();
         if let (Some(creation), false) = (self.config.create_topics, missing.is_empty()) {
             let created = self.create(&missing, creation).await?;
             for topic in created {
@@ -197,7 +224,11 @@ impl KafkaTransport {
                 "Kafka topics the contracts map to do not exist; their events fail after unknown_topic_retry (create them, or set create_topics)"
             );
         }
-        *self.missing.lock().expect("missing topics lock") = (missing, Some(Instant::now()));
+        *self.topics.lock().expect("topic look lock") = TopicLook {
+            complete: true,
+            missing,
+            tried_at: Some(Instant::now()),
+        };
         Ok(())
     }
 
@@ -469,7 +500,7 @@ impl Transport for KafkaTransport {
                     // failures and come again from the relay, in order.
                     self.reach.mark_up();
                     self.reach.mark_replace();
-                    TransportHealth::Up
+                    self.topics_health().await
                 }
                 Err(reason) => {
                     self.reach.mark_down(reason.clone());
@@ -481,13 +512,13 @@ impl Transport for KafkaTransport {
 }
 
 impl KafkaTransport {
-    /// Up, or degraded while expected topics are missing (looked at again
-    /// every `TOPIC_RECHECK` while they are).
+    /// Up, or degraded while expected topics are missing. Looks (and
+    /// creates, with `create_topics`) when no look has completed yet, so a
+    /// transport that started while the cluster was down checks its topics
+    /// once it answers, and again every `TOPIC_RECHECK` while some are
+    /// missing.
     async fn topics_health(&self) -> TransportHealth {
-        let due = {
-            let missing = self.missing.lock().expect("missing topics lock");
-            !missing.0.is_empty() && missing.1.is_none_or(|at| at.elapsed() >= TOPIC_RECHECK)
-        };
+        let due = self.topics.lock().expect("topic look lock").due();
         if due && let Err(error) = self.check_topics().await {
             tracing::warn!(%error, "looking for missing Kafka topics failed");
         }

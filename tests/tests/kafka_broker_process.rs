@@ -168,3 +168,61 @@ async fn create_topics_creates_the_topics_the_contracts_map_to() {
         "a record goes to a topic created at start"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_started_while_the_broker_is_down_creates_its_topics_once_it_answers() {
+    let mut broker = TansuBroker::start();
+    broker.kill();
+    let transport = outbox_kafka::KafkaTransport::connect(outbox_kafka::KafkaConfig {
+        bootstrap_servers: broker.bootstrap_servers(),
+        create_topics: Some(outbox_kafka::TopicCreation {
+            partitions: 2,
+            replication: 1,
+        }),
+        connect_timeout: Duration::from_secs(2),
+        ..outbox_kafka::KafkaConfig::default()
+    })
+    .await
+    .unwrap();
+    assert!(matches!(
+        outbox_core::transport::Transport::health(&transport).await,
+        outbox_core::transport::TransportHealth::Down { .. }
+    ));
+
+    broker.resume();
+    wait::until(
+        "the transport up again",
+        Duration::from_secs(60),
+        || async {
+            outbox_core::transport::Transport::health(&transport).await
+                == outbox_core::transport::TransportHealth::Up
+        },
+    )
+    .await;
+    // Listed by another client, without publishing anything: the topics
+    // were created when the transport found the broker, not on first use.
+    let servers = broker.bootstrap_servers();
+    let topics = tokio::task::spawn_blocking(move || {
+        let client: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &servers)
+            .create()
+            .unwrap();
+        client
+            .fetch_metadata(None, rdkafka::util::Timeout::After(Duration::from_secs(10)))
+            .unwrap()
+            .topics()
+            .iter()
+            .map(|t| t.name().to_owned())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert!(transport.expected_topics().contains("outbox.event.parcel"));
+    for expected in transport.expected_topics() {
+        assert!(
+            topics.contains(&expected),
+            "{expected} created once the broker answered ({topics:?})"
+        );
+    }
+    assert_eq!(transport.missing_topics(), Vec::<String>::new());
+}
