@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
     name = "outbox",
     version,
     about = "Operate an outbox: status, failed events, blocked aggregates, quarantine and dead letters, replays and repairs with a reason and an audit trail, cleanup, migrations, schema registry checks.",
-    after_help = "Exit codes: 0 ok; 1 `status --check` found problems, a repair left some of its ids unchanged, or a replay waited for left its letter open or did not run in time; 2 bad usage, a refused repair, or a database that cannot be reached.\n\
+    after_help = "Exit codes: 0 ok; 1 `status --check` found problems, a repair left some of its ids unchanged, or a replay waited for did not apply its event (applied, already applied or an ignored type count as done) or did not run in time; 2 bad usage, a refused repair, or a database that cannot be reached.\n\
                   Payloads are shown redacted: the `redact` fields of event types whose contracts are linked into this binary, every value of other event types (or only --redact-keys)."
 )]
 pub(crate) struct Cli {
@@ -332,7 +332,7 @@ pub(crate) enum LetterAction {
         #[command(flatten)]
         select: LetterRepairArgs,
         /// Wait up to this long for the consumer to run them (`30s`); exit 1
-        /// when a replay left its letter open.
+        /// when a replay did not apply its event or did not run in time.
         #[arg(long, value_parser = parse_duration)]
         wait: Option<Duration>,
     },

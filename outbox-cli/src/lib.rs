@@ -59,8 +59,8 @@ use table::{Table, age, cut, opt, when};
 /// Exit code: done, nothing to report.
 pub const EXIT_OK: u8 = 0;
 /// Exit code: `status --check` found problems, a repair left some of its
-/// ids unchanged, or a replay waited for left its letter open or did not
-/// run in time.
+/// ids unchanged, or a replay waited for did not apply its event or did
+/// not run in time.
 pub const EXIT_PROBLEMS: u8 = 1;
 /// Exit code: bad usage, a refused repair, or the database cannot be reached.
 pub const EXIT_USAGE: u8 = 2;
@@ -969,8 +969,9 @@ async fn positions(ops: &Ops, out: &Output, consumer: &str, action: PositionActi
 }
 
 /// Waits until the consumer ran the requested replays, then shows what
-/// each did; exits 1 when a replay left its letter open or a letter could
-/// not be requested (closed or unknown).
+/// each did; exits 1 when a replay did not apply its event (applied,
+/// already applied or an ignored type count as done), did not run in
+/// time, or a letter could not be requested (closed or unknown).
 async fn wait_for_replays(
     ops: &Ops,
     out: &Output,

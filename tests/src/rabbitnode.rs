@@ -129,7 +129,11 @@ impl RabbitNode {
         self.child = Some(child);
         let deadline = Instant::now() + BOOT_LIMIT;
         while !self.accepts() {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!(
                     "RabbitMQ node {} exited while booting ({status}):\n{}",
                     self.name,

@@ -24,8 +24,10 @@
 //! applied gap-free and ascending; under RejectStale each aggregate ends at
 //! its last version; the poison (outbox rows from a newer producer or with
 //! a payload that does not decode, and the broker's poison) quarantined
-//! once each with a reason, and nothing else in the quarantine or dead
-//! letters; nothing left pending or claimed; the producer's idempotency
+//! once each with a reason; under Strict the poison aggregates' later
+//! versions dead-lettered behind the quarantined version 1, naming it;
+//! nothing else in the quarantine or dead letters; nothing left pending or
+//! claimed; the producer's idempotency
 //! keys gave one event each.
 //!
 //! `OUTBOX_FAULT_SEED=<n>` replays a schedule; `OUTBOX_FAULT_SECONDS`

@@ -12,5 +12,9 @@ use outbox_tests::faults::{BrokerKind, suite};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_at_random_on_rabbitmq_lose_nothing_apply_nothing_twice_and_leave_nothing_stuck() {
-    suite::run(BrokerKind::RabbitMq, env!("CARGO_BIN_EXE_fault-node").into()).await;
+    suite::run(
+        BrokerKind::RabbitMq,
+        env!("CARGO_BIN_EXE_fault-node").into(),
+    )
+    .await;
 }

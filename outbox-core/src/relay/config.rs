@@ -119,6 +119,11 @@ pub struct RelayConfig {
     /// `error_backoff`, so a worker never hangs on the database. A claim
     /// cancelled this way is retried at half its size (down to one event),
     /// and the size doubles back after ten claims in a row go through.
+    /// The relay also waits no longer than this plus 5 s for any answer
+    /// from PostgreSQL on its own connections (a client-side deadline): on
+    /// a network that went silent (no reset, no answer) it drops the
+    /// connection, reports a store error and opens a new session once
+    /// the network answers again.
     pub statement_timeout: Duration,
     /// Partition ownership: a worker whose claiming session stays idle
     /// between claims this long (stalled, say) is cut off by PostgreSQL

@@ -25,8 +25,8 @@ use outbox_core::consumer::{
     Consumer, ConsumerBuilder, ConsumerConfig, ConsumerTask, MessageSource, Ordering, RetryPolicy,
 };
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::transport::Transport;
 use outbox_core::store::SchemaName;
+use outbox_core::transport::Transport;
 use outbox_core::{EmitError, EmitOptions, EmitOutcome, EventDraft, Outbox};
 use outbox_kafka::{KafkaConfig, KafkaSource, KafkaSourceConfig, KafkaTransport};
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
@@ -97,11 +97,26 @@ fn schema() -> SchemaName {
 
 async fn relay(batch_size: usize) {
     match broker().as_str() {
-        "nats" => relay_to(retrying("NATS", || NatsTransport::connect(nats())).await, batch_size).await,
-        "kafka" => relay_to(retrying("Kafka", || KafkaTransport::connect(kafka())).await, batch_size).await,
+        "nats" => {
+            relay_to(
+                retrying("NATS", || NatsTransport::connect(nats())).await,
+                batch_size,
+            )
+            .await
+        }
+        "kafka" => {
+            relay_to(
+                retrying("Kafka", || KafkaTransport::connect(kafka())).await,
+                batch_size,
+            )
+            .await
+        }
         "rabbitmq" => {
-            relay_to(retrying("RabbitMQ", || RabbitTransport::connect(rabbit())).await, batch_size)
-                .await
+            relay_to(
+                retrying("RabbitMQ", || RabbitTransport::connect(rabbit())).await,
+                batch_size,
+            )
+            .await
         }
         other => panic!("OUTBOX_BROKER {other:?}: nats, kafka or rabbitmq"),
     }

@@ -521,10 +521,7 @@ async fn republish_rabbit(url: &str, count: u64) {
     };
     for _ in 0..count {
         let Ok(Some(message)) = channel
-            .basic_get(
-                RABBIT_TAP.into(),
-                BasicGetOptions { no_ack: true },
-            )
+            .basic_get(RABBIT_TAP.into(), BasicGetOptions { no_ack: true })
             .await
         else {
             return;
@@ -545,12 +542,7 @@ async fn republish_rabbit(url: &str, count: u64) {
     }
 }
 
-async fn publish_poison_nats(
-    url: &str,
-    id: Uuid,
-    n: usize,
-    garbage: &[u8],
-) -> Result<(), String> {
+async fn publish_poison_nats(url: &str, id: Uuid, n: usize, garbage: &[u8]) -> Result<(), String> {
     let js = jetstream(url)
         .await
         .ok_or_else(|| "nats-server does not answer".to_owned())?;

@@ -385,9 +385,7 @@ impl Rig {
             }
             Fault::BlackholeBroker => {
                 let length = 1_500 + self.schedule.below(3_000);
-                self.broker
-                    .blackhole(Duration::from_millis(length))
-                    .await;
+                self.broker.blackhole(Duration::from_millis(length)).await;
             }
             Fault::LockOutbox => {
                 let hold =
