@@ -116,11 +116,7 @@ impl Consumer {
     pub(super) async fn begin(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ConsumerError> {
-        self.inner
-            .pool
-            .begin_with(sqlx::AssertSqlSafe(self.inner.begin_sql.clone()))
-            .await
-            .map_err(self.db_error("beginning a transaction"))
+        self.begin_using(&self.inner.begin_sql).await
     }
 
     /// Begins a batch's transaction as [`begin`](Self::begin) does, with
@@ -132,9 +128,29 @@ impl Consumer {
     pub(super) async fn begin_batch(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ConsumerError> {
+        self.begin_using(&self.inner.begin_batch_sql).await
+    }
+
+    /// A connection of the consumer's pool, outside any transaction.
+    pub(super) async fn acquire(
+        &self,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, ConsumerError> {
         self.inner
             .pool
-            .begin_with(sqlx::AssertSqlSafe(self.inner.begin_batch_sql.clone()))
+            .acquire()
+            .await
+            .map_err(self.db_error("acquiring a connection"))
+    }
+
+    /// Begins a transaction with `sql` (a `BEGIN` and its `SET LOCAL`s,
+    /// built from validated settings when the consumer was built).
+    async fn begin_using(
+        &self,
+        sql: &str,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ConsumerError> {
+        self.inner
+            .pool
+            .begin_with(sqlx::AssertSqlSafe(sql.to_owned()))
             .await
             .map_err(self.db_error("beginning a transaction"))
     }
@@ -422,12 +438,7 @@ impl Consumer {
         envelope: &Envelope,
         delay: std::time::Duration,
     ) -> Result<(), ConsumerError> {
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(self.db_error("acquiring a connection"))?;
+        let mut conn = self.acquire().await?;
         self.inner
             .sql
             .note_retry(&mut conn, &self.inner.name, envelope, delay)
@@ -458,12 +469,7 @@ impl Consumer {
         }
         firsts.sort_unstable();
         firsts.dedup();
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(self.db_error("acquiring a connection"))?;
+        let mut conn = self.acquire().await?;
         self.inner
             .sql
             .pin_first(&mut conn, &self.inner.name, &firsts)
@@ -686,12 +692,7 @@ impl Consumer {
     }
 
     async fn count_start(&self, event_id: Uuid) -> Result<u32, ConsumerError> {
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(self.db_error("acquiring a connection"))?;
+        let mut conn = self.acquire().await?;
         self.inner
             .sql
             .count_start(&mut conn, &self.inner.name, event_id)

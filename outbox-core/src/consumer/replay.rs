@@ -175,12 +175,7 @@ impl Consumer {
         let audit = AuditSql::new(&self.inner.schema);
         let ids: Vec<String> = letter_ids.iter().map(i64::to_string).collect();
         let audit_id = {
-            let mut conn = self
-                .inner
-                .pool
-                .acquire()
-                .await
-                .map_err(self.db_error("acquiring a connection"))?;
+            let mut conn = self.acquire().await?;
             audit
                 .begin(
                     &mut conn,
@@ -219,12 +214,7 @@ impl Consumer {
                 })
                 .collect(),
         );
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(self.db_error("acquiring a connection"))?;
+        let mut conn = self.acquire().await?;
         audit
             .finish(&mut conn, audit_id, &outcomes)
             .await
@@ -244,12 +234,7 @@ impl Consumer {
         let sql = &self.inner.sql;
         let name = &*self.inner.name;
         let requested = {
-            let mut conn = self
-                .inner
-                .pool
-                .acquire()
-                .await
-                .map_err(self.db_error("acquiring a connection"))?;
+            let mut conn = self.acquire().await?;
             sql.requested_replays(&mut conn, name)
                 .await
                 .map_err(self.db_error("reading replay requests"))?
@@ -261,12 +246,7 @@ impl Consumer {
             // its outcome leaves the letter open and the audit row without
             // an outcome for it; the operator asks again).
             let taken = {
-                let mut conn = self
-                    .inner
-                    .pool
-                    .acquire()
-                    .await
-                    .map_err(self.db_error("acquiring a connection"))?;
+                let mut conn = self.acquire().await?;
                 sql.take_replay_request(&mut conn, name, letter_id)
                     .await
                     .map_err(self.db_error("taking a replay request"))?

@@ -260,12 +260,7 @@ impl Consumer {
         let name = &*self.inner.name;
         let mut report = SweepReport::default();
         let (ready, expired) = {
-            let mut conn = self
-                .inner
-                .pool
-                .acquire()
-                .await
-                .map_err(self.db_error("acquiring a connection"))?;
+            let mut conn = self.acquire().await?;
             let ready = sql
                 .ready_parked(&mut conn, name)
                 .await

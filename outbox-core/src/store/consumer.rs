@@ -766,11 +766,7 @@ impl ConsumerSql {
             .map(|row| {
                 Ok((
                     (row.try_get(0)?, row.try_get(1)?),
-                    Position {
-                        version: row.try_get(2)?,
-                        pinned: row.try_get(3)?,
-                        start_version: row.try_get(4)?,
-                    },
+                    Position::from_row(&row, 2)?,
                 ))
             })
             .collect()
@@ -804,11 +800,7 @@ impl ConsumerSql {
             return Ok(Some(StrictClaim::Advanced { successor_parked }));
         }
         let position = match row.try_get::<Option<i64>, _>(2)? {
-            Some(version) => Position {
-                version,
-                pinned: row.try_get(3)?,
-                start_version: row.try_get(4)?,
-            },
+            Some(_) => Position::from_row(&row, 2)?,
             None => {
                 self.lock_position(
                     conn,
@@ -991,11 +983,7 @@ impl ConsumerSql {
             .bind(aggregate_id)
             .fetch_one(conn)
             .await?;
-        Ok(Position {
-            version: row.try_get(0)?,
-            pinned: row.try_get(1)?,
-            start_version: row.try_get(2)?,
-        })
+        Position::from_row(&row, 0)
     }
 
     /// Strict, the sweep: locks and returns the aggregate's position;
@@ -1013,14 +1001,7 @@ impl ConsumerSql {
             .bind(aggregate_id)
             .fetch_optional(conn)
             .await?;
-        row.map(|row| {
-            Ok(Position {
-                version: row.try_get(0)?,
-                pinned: row.try_get(1)?,
-                start_version: row.try_get(2)?,
-            })
-        })
-        .transpose()
+        row.map(|row| Position::from_row(&row, 0)).transpose()
     }
 
     /// Strict: starts a never-started aggregate at its lowest version seen
@@ -1406,6 +1387,18 @@ pub(crate) struct Position {
     /// The version the aggregate started at, when known (pinned since
     /// migration 5).
     pub(crate) start_version: Option<i64>,
+}
+
+impl Position {
+    /// Reads a position from `version, pinned, start_version` at columns
+    /// `first`, `first + 1` and `first + 2` of a row.
+    fn from_row(row: &sqlx::postgres::PgRow, first: usize) -> sqlx::Result<Position> {
+        Ok(Position {
+            version: row.try_get(first)?,
+            pinned: row.try_get(first + 1)?,
+            start_version: row.try_get(first + 2)?,
+        })
+    }
 }
 
 /// What a strict claim of one message did with its aggregate's position.
