@@ -54,6 +54,13 @@ mod tests {
         assert_eq!(source_of("a b"), "/a%20b");
         assert!(default_source().starts_with('/'));
         assert_ne!(default_source(), "/");
+        // This test binary has a name of its own (`outbox_core-<hash>`):
+        // not the shared constant every service used to report.
+        assert!(
+            default_source().starts_with("/outbox_core"),
+            "{}",
+            default_source()
+        );
         assert!(validate_source("source", "/orders").is_ok());
         assert!(validate_source("source", "").is_err());
         assert!(validate_source("source", "/a b").is_err());
