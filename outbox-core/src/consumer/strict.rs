@@ -8,6 +8,8 @@
 //! waiting messages to the dead letters, naming the missing version.
 //! Event types a strict consumer skips still move positions (`skip_one`).
 
+use std::time::Duration;
+
 use sqlx::PgConnection;
 
 use super::Consumer;
@@ -17,6 +19,15 @@ use super::process::{ConsumerError, Gate, Prepared, transaction_intact};
 use crate::envelope::Envelope;
 use crate::metrics as m;
 use crate::store::consumer::LetterKind;
+
+/// How long a parked message whose start was counted belongs to the
+/// instance that counted it. Other instances' sweeps do not start it again
+/// within this time (each would count a start of its own while the first
+/// is still on its way to the handler, using up `max_attempts` on a message
+/// that never failed); after it, a start whose instance died is taken
+/// again. A failed handler replaces the lease with its backoff, a success
+/// removes the message.
+pub(crate) const PARKED_LEASE: Duration = Duration::from_secs(10);
 
 /// What a sweep of parked messages did (strict ordering).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -81,7 +92,7 @@ impl Consumer {
                     .await
                     .map_err(self.db_error("locking the aggregate position"))?;
                 let next = sql
-                    .start_parked(&mut tx, name, aggregate, position.version + 1)
+                    .start_parked(&mut tx, name, aggregate, position.version + 1, PARKED_LEASE)
                     .await
                     .map_err(self.db_error("reading parked messages"))?;
                 tx.commit()

@@ -399,10 +399,15 @@ impl ConsumerSql {
                  ON CONFLICT DO NOTHING"
             ),
             // Takes the parked message with the next version, when its
-            // backoff is over, and counts its start (committed before the
-            // handler runs).
+            // backoff or another instance's lease is over, counts its start
+            // (committed before the handler runs) and leases it to this
+            // instance for $5 milliseconds: other instances' sweeps leave it
+            // alone while this one is on its way to the handler, and take it
+            // again if this one died.
             start_parked: format!(
-                "UPDATE {s}.outbox_consumer_parked SET attempts = attempts + 1
+                "UPDATE {s}.outbox_consumer_parked
+                 SET attempts = attempts + 1,
+                     retry_at = now() + $5 * interval '1 millisecond'
                  WHERE consumer_name = $1 AND event_id = (
                      SELECT event_id FROM {s}.outbox_consumer_parked
                      WHERE consumer_name = $1 AND aggregate_type = $2 AND aggregate_id = $3
@@ -1059,19 +1064,23 @@ impl ConsumerSql {
     }
 
     /// Strict: takes the parked message with `version` of an aggregate, if
-    /// any, and counts its start.
+    /// any and not waiting for its backoff or another instance's lease,
+    /// counts its start and leases it to the caller for `lease`.
     pub(crate) async fn start_parked(
         &self,
         conn: &mut PgConnection,
         consumer: &str,
         aggregate: (&str, &str),
         version: i64,
+        lease: std::time::Duration,
     ) -> sqlx::Result<Option<Result<ParkedMessage, serde_json::Error>>> {
+        let lease_ms = lease.as_millis().min(i64::MAX as u128) as i64;
         let row = sqlx::query(AssertSqlSafe(self.start_parked.as_str()))
             .bind(consumer)
             .bind(aggregate.0)
             .bind(aggregate.1)
             .bind(version)
+            .bind(lease_ms)
             .fetch_optional(conn)
             .await?;
         let Some(row) = row else {
