@@ -188,6 +188,50 @@ impl EventDraft {
     pub fn event_id(&self) -> Uuid {
         self.id
     }
+
+    /// The event type (`order.created`).
+    pub fn event_type(&self) -> &'static str {
+        self.event_type
+    }
+
+    /// The schema version the payload was written with.
+    pub fn schema_version(&self) -> u32 {
+        self.schema_version
+    }
+
+    /// The aggregate type.
+    pub fn aggregate_type(&self) -> &'static str {
+        self.aggregate_type
+    }
+
+    /// The aggregate id.
+    pub fn aggregate_id(&self) -> &str {
+        &self.aggregate_id
+    }
+
+    /// The aggregate version the event carries, if its contract carries
+    /// one (otherwise the store's per-aggregate counter gives it one).
+    pub fn aggregate_version(&self) -> Option<i64> {
+        self.aggregate_version
+    }
+
+    /// The payload as JSON text, exactly as serde wrote it. It may hold
+    /// values of redacted fields: store it, do not log it (`Debug` masks
+    /// them).
+    pub fn payload_json(&self) -> &str {
+        self.payload.get()
+    }
+
+    /// The W3C trace context to record with the event.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+
+    /// Records `traceparent` instead of the ambient trace context.
+    pub fn with_traceparent(mut self, traceparent: TraceParent) -> EventDraft {
+        self.traceparent = Some(traceparent.to_string());
+        self
+    }
 }
 
 impl Outbox {

@@ -1,0 +1,112 @@
+//! The SQLite store's tables, created by an explicit [`migrate`] call.
+//!
+//! The schema version lives in `PRAGMA user_version`; each migration runs
+//! in one `BEGIN IMMEDIATE` transaction together with the version bump
+//! (SQLite's DDL is transactional), so two processes migrating at once
+//! apply it once, and a crash leaves the old version or the new one.
+//! Times are integers (milliseconds since the Unix epoch), ids are UUID
+//! text.
+
+use sqlx::{Connection, SqlitePool};
+
+/// The schema version this crate writes and reads.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Migrating failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The file was migrated by a newer version of this crate.
+    #[error(
+        "the outbox tables are at schema version {found}, newer than this build of outbox-sqlite knows ({supported}); upgrade the binary instead of running an older one against them"
+    )]
+    NewerSchema {
+        /// The version found in the file.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The database refused a statement.
+    #[error("migrating the outbox tables failed: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Migration 1: the producer side (events, version counters, idempotency
+/// keys).
+const MIGRATION_1: &str = "
+CREATE TABLE outbox_events (
+    seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+    id                TEXT    NOT NULL UNIQUE,
+    aggregate_type    TEXT    NOT NULL,
+    aggregate_id      TEXT    NOT NULL,
+    aggregate_version INTEGER NOT NULL,
+    event_type        TEXT    NOT NULL,
+    schema_version    INTEGER NOT NULL,
+    payload           TEXT    NOT NULL,
+    traceparent       TEXT,
+    created_at        INTEGER NOT NULL,
+    status            TEXT    NOT NULL DEFAULT 'pending'
+                      CHECK (status IN ('pending', 'published', 'failed', 'skipped')),
+    published_at      INTEGER,
+    attempt_count     INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at   INTEGER NOT NULL DEFAULT 0,
+    last_error        TEXT,
+    first_failed_at   INTEGER,
+    failed_at         INTEGER,
+    claim_token       TEXT,
+    claimed_until     INTEGER
+);
+CREATE INDEX outbox_events_pending ON outbox_events (seq) WHERE status = 'pending';
+CREATE UNIQUE INDEX outbox_events_unpublished_version
+    ON outbox_events (aggregate_type, aggregate_id, aggregate_version)
+    WHERE status <> 'published';
+CREATE INDEX outbox_events_failed ON outbox_events (failed_at) WHERE status = 'failed';
+CREATE INDEX outbox_events_published ON outbox_events (published_at) WHERE status = 'published';
+CREATE INDEX outbox_events_claim ON outbox_events (claim_token) WHERE claim_token IS NOT NULL;
+
+CREATE TABLE outbox_aggregate_versions (
+    aggregate_type TEXT    NOT NULL,
+    aggregate_id   TEXT    NOT NULL,
+    version        INTEGER NOT NULL,
+    PRIMARY KEY (aggregate_type, aggregate_id)
+) WITHOUT ROWID;
+
+CREATE TABLE outbox_idempotency_keys (
+    idempotency_key TEXT    PRIMARY KEY,
+    event_id        TEXT    NOT NULL,
+    created_at      INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX outbox_idempotency_keys_created ON outbox_idempotency_keys (created_at);
+";
+
+const MIGRATIONS: [&str; 1] = [MIGRATION_1];
+
+/// Creates or upgrades the outbox tables in the database of `pool`. Safe to
+/// call from several processes at once and on every start.
+pub async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let found: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&mut *tx)
+        .await?;
+    if found > SCHEMA_VERSION {
+        return Err(MigrateError::NewerSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for migration in MIGRATIONS.iter().skip(found.max(0) as usize) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(*migration))
+            .execute(&mut *tx)
+            .await?;
+    }
+    if found < SCHEMA_VERSION {
+        // A pragma takes no parameters; the value is this crate's constant.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "PRAGMA user_version = {SCHEMA_VERSION}"
+        )))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
