@@ -11,12 +11,9 @@
 //! locked` when another connection wrote in between (SQLite cannot upgrade
 //! its snapshot), where an immediate one waits for the lock at `BEGIN`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use outbox_core::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft, OutboxEvent};
 use sqlx::error::ErrorKind;
-use sqlx::{Connection, SqliteConnection};
+use sqlx::{Connection, Row, SqliteConnection};
 
 use crate::{now_ms, wakeup};
 
@@ -42,7 +39,7 @@ impl SqliteOutbox {
         let draft = EventDraft::new(event)?;
         require_transaction(conn)?;
         let emitted = write(conn, &draft).await?;
-        wake_after_commit(conn, draft.event_type()).await?;
+        wake_relays();
         Ok(emitted)
     }
 
@@ -62,7 +59,7 @@ impl SqliteOutbox {
         require_transaction(conn)?;
         let Some(key) = options.idempotency_key else {
             let emitted = write(conn, &draft).await?;
-            wake_after_commit(conn, draft.event_type()).await?;
+            wake_relays();
             return Ok(EmitOutcome::Emitted(emitted));
         };
         if key.len() > 512 {
@@ -96,7 +93,7 @@ impl SqliteOutbox {
         .execute(&mut *conn)
         .await
         .map_err(&database)?;
-        wake_after_commit(conn, draft.event_type()).await?;
+        wake_relays();
         Ok(EmitOutcome::Emitted(emitted))
     }
 
@@ -131,7 +128,7 @@ impl SqliteOutbox {
         for index in write_order(&drafts) {
             emitted[index] = Some(write(conn, &drafts[index]).await?);
         }
-        wake_after_commit(conn, "batch").await?;
+        wake_relays();
         Ok(emitted.into_iter().flatten().collect())
     }
 }
@@ -180,97 +177,106 @@ fn database_error(event_type: &str) -> impl Fn(sqlx::Error) -> EmitError + '_ {
     }
 }
 
-/// Writes one event: its version from the counter or the one it carries
-/// (refused below an unpublished higher version, or when taken).
+/// Inserts one event with the next version from its aggregate's counter
+/// (the insert trigger moves the counter). Binds: id, aggregate type,
+/// aggregate id, event type, schema version, payload, traceparent, now.
+const INSERT_COUNTED: &str = "
+INSERT INTO outbox_events
+    (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+     payload, traceparent, created_at)
+VALUES (?1, ?2, ?3,
+        coalesce((SELECT version FROM outbox_aggregate_versions
+                  WHERE aggregate_type = ?2 AND aggregate_id = ?3), 0) + 1,
+        ?4, ?5, ?6, ?7, ?8)
+RETURNING aggregate_version";
+
+/// Inserts one event with the version it carries, unless an unpublished
+/// higher version of its aggregate exists. Binds: as [`INSERT_COUNTED`],
+/// then the version.
+const INSERT_CARRIED: &str = "
+INSERT INTO outbox_events
+    (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+     payload, traceparent, created_at)
+SELECT ?1, ?2, ?3, ?9, ?4, ?5, ?6, ?7, ?8
+WHERE NOT EXISTS (
+    SELECT 1 FROM outbox_events
+    WHERE aggregate_type = ?2 AND aggregate_id = ?3
+      AND status IN ('pending', 'failed') AND aggregate_version > ?9)";
+
+/// Writes one event in one statement: its version from the counter or the
+/// one it carries (refused below an unpublished higher version, or when
+/// taken).
 async fn write(conn: &mut SqliteConnection, draft: &EventDraft) -> Result<Emitted, EmitError> {
     let database = database_error(draft.event_type());
-    let aggregate_version = match draft.aggregate_version() {
-        Some(version) => {
-            let newer: Option<i64> = sqlx::query_scalar(
-                "SELECT max(aggregate_version) FROM outbox_events
-                 WHERE aggregate_type = ?1 AND aggregate_id = ?2
-                   AND status IN ('pending', 'failed') AND aggregate_version > ?3",
-            )
-            .bind(draft.aggregate_type())
-            .bind(draft.aggregate_id())
-            .bind(version)
+    let statement = if draft.aggregate_version().is_some() {
+        INSERT_CARRIED
+    } else {
+        INSERT_COUNTED
+    };
+    let mut query = sqlx::query(statement)
+        .bind(draft.event_id().to_string())
+        .bind(draft.aggregate_type())
+        .bind(draft.aggregate_id())
+        .bind(draft.event_type())
+        .bind(i64::from(draft.schema_version()))
+        .bind(draft.payload_json())
+        .bind(draft.traceparent())
+        .bind(now_ms());
+    let refused = |error: sqlx::Error, version: Option<i64>| {
+        let taken = error.as_database_error().is_some_and(|e| {
+            e.kind() == ErrorKind::UniqueViolation && e.message().contains("aggregate_version")
+        });
+        match version {
+            Some(aggregate_version) if taken => EmitError::VersionConflict {
+                aggregate_type: draft.aggregate_type().to_owned(),
+                aggregate_id: draft.aggregate_id().to_owned(),
+                aggregate_version,
+            },
+            _ => database(error),
+        }
+    };
+    let Some(version) = draft.aggregate_version() else {
+        let row = query
             .fetch_one(&mut *conn)
             .await
-            .map_err(&database)?;
-            if let Some(newer_version) = newer {
-                return Err(EmitError::VersionOutOfOrder {
-                    aggregate_type: draft.aggregate_type().to_owned(),
-                    aggregate_id: draft.aggregate_id().to_owned(),
-                    aggregate_version: version,
-                    newer_version,
-                });
-            }
-            version
-        }
-        None => sqlx::query_scalar(
-            "INSERT INTO outbox_aggregate_versions (aggregate_type, aggregate_id, version)
-             VALUES (?1, ?2, 1)
-             ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET version = version + 1
-             RETURNING version",
+            .map_err(|error| refused(error, None))?;
+        return Ok(Emitted {
+            event_id: draft.event_id(),
+            aggregate_version: row.try_get(0).map_err(&database)?,
+        });
+    };
+    query = query.bind(version);
+    let written = query
+        .execute(&mut *conn)
+        .await
+        .map_err(|error| refused(error, Some(version)))?;
+    if written.rows_affected() == 0 {
+        let newer_version: i64 = sqlx::query_scalar(
+            "SELECT max(aggregate_version) FROM outbox_events
+             WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND status IN ('pending', 'failed')",
         )
         .bind(draft.aggregate_type())
         .bind(draft.aggregate_id())
         .fetch_one(&mut *conn)
         .await
-        .map_err(&database)?,
-    };
-    sqlx::query(
-        "INSERT INTO outbox_events
-            (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
-             payload, traceparent, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-    )
-    .bind(draft.event_id().to_string())
-    .bind(draft.aggregate_type())
-    .bind(draft.aggregate_id())
-    .bind(aggregate_version)
-    .bind(draft.event_type())
-    .bind(i64::from(draft.schema_version()))
-    .bind(draft.payload_json())
-    .bind(draft.traceparent())
-    .bind(now_ms())
-    .execute(&mut *conn)
-    .await
-    .map_err(|error| {
-        let taken = error.as_database_error().is_some_and(|e| {
-            e.kind() == ErrorKind::UniqueViolation && e.message().contains("aggregate_version")
+        .map_err(&database)?;
+        return Err(EmitError::VersionOutOfOrder {
+            aggregate_type: draft.aggregate_type().to_owned(),
+            aggregate_id: draft.aggregate_id().to_owned(),
+            aggregate_version: version,
+            newer_version,
         });
-        if taken {
-            EmitError::VersionConflict {
-                aggregate_type: draft.aggregate_type().to_owned(),
-                aggregate_id: draft.aggregate_id().to_owned(),
-                aggregate_version,
-            }
-        } else {
-            database(error)
-        }
-    })?;
+    }
     Ok(Emitted {
         event_id: draft.event_id(),
-        aggregate_version,
+        aggregate_version: version,
     })
 }
 
-/// Installs a commit hook on the emitting connection that wakes this
-/// process's relays once, when this transaction commits (see
-/// [`crate::wakeup`]). It replaces a commit hook the caller set on the
-/// connection.
-async fn wake_after_commit(conn: &mut SqliteConnection, event_type: &str) -> Result<(), EmitError> {
-    let emitted = Arc::new(AtomicBool::new(true));
-    let mut handle = conn
-        .lock_handle()
-        .await
-        .map_err(database_error(event_type))?;
-    handle.set_commit_hook(move || {
-        if emitted.swap(false, Ordering::Relaxed) {
-            wakeup::committed();
-        }
-        true
-    });
-    Ok(())
+/// Wakes this process's relays (see [`crate::wakeup`]). Called after the
+/// write, so the caller's transaction holds SQLite's write lock: a woken
+/// relay's claim (`BEGIN IMMEDIATE`) waits for that transaction to end and
+/// then sees the event, or nothing if it rolled back.
+fn wake_relays() {
+    wakeup::emitted();
 }

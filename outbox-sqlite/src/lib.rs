@@ -13,6 +13,9 @@
 //!   holds across any number of relays in any number of processes on one
 //!   file. [`start_relay`] starts the relay loop of `outbox-core` over it,
 //!   with backoff, the failed state, blocked aggregates and the wake-up.
+//! - [`SqliteOps`] repairs what the relay could not publish (retry or
+//!   skip a failed head, retry a blocked one now, publish again), by id,
+//!   with a reason and an audit row.
 //! - [`connect`] opens a pool with the settings the guarantees rest on
 //!   (WAL, `synchronous = FULL`, a busy timeout); [`migrate`] creates the
 //!   tables.
@@ -41,18 +44,20 @@
 //! ```
 //!
 //! What is not here yet: the consumer's inbox, ordering and letters, the
-//! operations API and the CLI run on PostgreSQL only (`outbox-core`); see
-//! the README's store section.
+//! operations API's reads and the `outbox` CLI run on PostgreSQL only
+//! (`outbox-core`); see the README's SQLite section.
 
 mod connect;
 mod emit;
 mod migrate;
+mod ops;
 mod relay;
 mod wakeup;
 
 pub use connect::{DEFAULT_BUSY_TIMEOUT, connect, connect_options};
 pub use emit::SqliteOutbox;
 pub use migrate::{MigrateError, SCHEMA_VERSION, migrate};
+pub use ops::SqliteOps;
 pub use relay::{SqliteClaim, SqliteRelayStore, SqliteWakeups, start_relay};
 
 /// Milliseconds since the Unix epoch: how every time column of the SQLite

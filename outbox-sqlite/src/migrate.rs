@@ -31,7 +31,7 @@ pub enum MigrateError {
 }
 
 /// Migration 1: the producer side (events, version counters, idempotency
-/// keys).
+/// keys) and the operators' audit log.
 const MIGRATION_1: &str = "
 CREATE TABLE outbox_events (
     seq               INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -70,12 +70,34 @@ CREATE TABLE outbox_aggregate_versions (
     PRIMARY KEY (aggregate_type, aggregate_id)
 ) WITHOUT ROWID;
 
+-- Every insert moves its aggregate's counter (inside the emit's own
+-- statement: one statement per emit); a carried version moves it too, so
+-- a counted version never collides with a carried one.
+CREATE TRIGGER outbox_events_count_version AFTER INSERT ON outbox_events
+BEGIN
+    INSERT INTO outbox_aggregate_versions (aggregate_type, aggregate_id, version)
+    VALUES (NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_version)
+    ON CONFLICT (aggregate_type, aggregate_id)
+        DO UPDATE SET version = max(version, excluded.version);
+END;
+
 CREATE TABLE outbox_idempotency_keys (
     idempotency_key TEXT    PRIMARY KEY,
     event_id        TEXT    NOT NULL,
     created_at      INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX outbox_idempotency_keys_created ON outbox_idempotency_keys (created_at);
+
+CREATE TABLE outbox_audit (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    at       INTEGER NOT NULL,
+    operator TEXT    NOT NULL,
+    reason   TEXT    NOT NULL,
+    action   TEXT    NOT NULL,
+    target   TEXT    NOT NULL,
+    ids      TEXT    NOT NULL,
+    outcomes TEXT
+);
 ";
 
 const MIGRATIONS: [&str; 1] = [MIGRATION_1];

@@ -372,3 +372,19 @@ async fn aggregates_held_by_another_worker_do_not_starve_the_free_ones() {
     }
     drop(held);
 }
+
+#[tokio::test]
+async fn the_relay_writes_through_its_own_connections_without_syncing_each_commit() {
+    let db = TestDb::new().await;
+    let store = SqliteRelayStore::new(db.pool.clone(), &config());
+    let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(synchronous, 1, "NORMAL: a lost lease or mark republishes");
+    let emitting: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(emitting, 2, "FULL on the emitting side, untouched");
+}

@@ -1,0 +1,256 @@
+//! Operator repairs of the relay's failure states on SQLite, by id and with
+//! a reason, each in one transaction with its audit row (`outbox_audit`:
+//! who, when, why, which ids, what happened to each): the same requests,
+//! reports and outcomes as the PostgreSQL operations API
+//! (`outbox_core::ops::Ops`).
+
+use std::collections::{HashMap, HashSet};
+
+use outbox_core::audit::RepairError;
+use outbox_core::audit::RepairRequest;
+use outbox_core::ops::{IdOutcome, MAX_REPAIR_IDS, OpsError, RepairReport};
+use sqlx::{Connection, Row, SqliteConnection, SqlitePool};
+use uuid::Uuid;
+
+use crate::now_ms;
+
+/// Failed events back to pending, from the first attempt. Binds: ids.
+const RETRY_FAILED: &str = "
+UPDATE outbox_events SET status = 'pending', attempt_count = 0, next_attempt_at = 0, failed_at = NULL
+WHERE status = 'failed' AND id IN (SELECT value FROM json_each(?1))
+RETURNING id";
+
+/// Failed events to skipped (never published, kept for inspection). Binds:
+/// ids, note.
+const SKIP_FAILED: &str = "
+UPDATE outbox_events
+SET status = 'skipped', last_error = ?2 || coalesce(' (last error: ' || last_error || ')', '')
+WHERE status = 'failed' AND id IN (SELECT value FROM json_each(?1))
+RETURNING id";
+
+/// Published events published again. Binds: ids.
+const REPUBLISH: &str = "
+UPDATE outbox_events
+SET status = 'pending', published_at = NULL, attempt_count = 0, next_attempt_at = 0,
+    last_error = NULL, first_failed_at = NULL
+WHERE status = 'published' AND id IN (SELECT value FROM json_each(?1))
+RETURNING id";
+
+/// Retrying heads of their aggregates tried now, from the first attempt.
+/// Binds: ids.
+const RETRY_BLOCKED: &str = "
+UPDATE outbox_events SET next_attempt_at = 0, attempt_count = 0
+WHERE status = 'pending' AND attempt_count > 0 AND id IN (SELECT value FROM json_each(?1))
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox_events o
+      WHERE o.aggregate_type = outbox_events.aggregate_type
+        AND o.aggregate_id = outbox_events.aggregate_id
+        AND o.status IN ('pending', 'failed')
+        AND o.aggregate_version < outbox_events.aggregate_version)
+RETURNING id";
+
+/// The operations API's repairs over the SQLite outbox. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SqliteOps {
+    pool: SqlitePool,
+}
+
+impl SqliteOps {
+    /// Repairs through `pool` (the service's pool is fine: repairs are
+    /// rare and commit with `pool`'s durability).
+    pub fn new(pool: SqlitePool) -> SqliteOps {
+        SqliteOps { pool }
+    }
+
+    /// Retries failed events from their first attempt. Under
+    /// `FailedHeadPolicy::Block` a failed event is its aggregate's head, and
+    /// the aggregate goes on in order once it is published.
+    pub async fn retry_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        self.repair(
+            ids,
+            request,
+            "relay.retry",
+            RETRY_FAILED,
+            None,
+            "retried",
+            "not_failed",
+        )
+        .await
+    }
+
+    /// Skips failed heads: the event becomes `skipped` (never published,
+    /// kept for inspection; its `last_error` becomes `skipped by
+    /// <operator>: <reason> (last error: <the publish error>)`) and its
+    /// aggregate's later events go on.
+    pub async fn skip_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        let note = format!("skipped by {}: {}", request.operator(), request.reason());
+        self.repair(
+            ids,
+            request,
+            "relay.skip",
+            SKIP_FAILED,
+            Some(note),
+            "skipped",
+            "not_failed",
+        )
+        .await
+    }
+
+    /// Publishes published events again, with their own event ids
+    /// (consumers that applied them find them in their inbox). Rows removed
+    /// by retention cannot be republished.
+    pub async fn republish(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        self.repair(
+            ids,
+            request,
+            "relay.republish",
+            REPUBLISH,
+            None,
+            "republished",
+            "not_published",
+        )
+        .await
+    }
+
+    /// Retries retrying heads of blocked aggregates now, from the first
+    /// attempt, instead of after their backoff. An id that is not a
+    /// retrying head is `not_blocked_head`.
+    pub async fn retry_blocked(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        self.repair(
+            ids,
+            request,
+            "relay.retry_blocked",
+            RETRY_BLOCKED,
+            None,
+            "retried",
+            "not_blocked_head",
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn repair(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+        action: &str,
+        statement: &'static str,
+        note: Option<String>,
+        done: &str,
+        not_eligible: &str,
+    ) -> Result<RepairReport, OpsError> {
+        if ids.is_empty() {
+            return Err(RepairError::NoIds.into());
+        }
+        if ids.len() > MAX_REPAIR_IDS {
+            return Err(OpsError::TooMany {
+                given: ids.len(),
+                max: MAX_REPAIR_IDS,
+            });
+        }
+        let database = |doing| move |source| OpsError::Database { doing, source };
+        let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        let ids_json = serde_json::Value::from(texts.clone()).to_string();
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(database("beginning a repair"))?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(database("beginning a repair"))?;
+        let audit_id: i64 = sqlx::query_scalar(
+            "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
+             VALUES (?1, ?2, ?3, ?4, 'relay', ?5) RETURNING id",
+        )
+        .bind(now_ms())
+        .bind(request.operator())
+        .bind(request.reason())
+        .bind(action)
+        .bind(&ids_json)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(database("writing the audit row"))?;
+        let mut query = sqlx::query_scalar::<_, String>(statement).bind(&ids_json);
+        if let Some(note) = &note {
+            query = query.bind(note);
+        }
+        let changed: HashSet<String> = query
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(database("repairing events"))?
+            .into_iter()
+            .collect();
+        let statuses = statuses(&mut tx, &ids_json)
+            .await
+            .map_err(database("reading event states"))?;
+        let outcomes: Vec<IdOutcome> = texts
+            .into_iter()
+            .map(|id| {
+                if changed.contains(&id) {
+                    IdOutcome {
+                        id,
+                        outcome: done.to_owned(),
+                        detail: None,
+                    }
+                } else if let Some(status) = statuses.get(&id) {
+                    IdOutcome {
+                        detail: Some(format!("its status is {status}")),
+                        id,
+                        outcome: not_eligible.to_owned(),
+                    }
+                } else {
+                    IdOutcome {
+                        id,
+                        outcome: "not_found".to_owned(),
+                        detail: Some("no such event (or removed by retention)".to_owned()),
+                    }
+                }
+            })
+            .collect();
+        let outcomes_json = serde_json::to_string(&outcomes).map_err(|e| OpsError::Database {
+            doing: "completing the audit row",
+            source: sqlx::Error::Encode(e.into()),
+        })?;
+        sqlx::query("UPDATE outbox_audit SET outcomes = ?1 WHERE id = ?2")
+            .bind(outcomes_json)
+            .bind(audit_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(database("completing the audit row"))?;
+        tx.commit().await.map_err(database("committing a repair"))?;
+        Ok(RepairReport { audit_id, outcomes })
+    }
+}
+
+async fn statuses(
+    conn: &mut SqliteConnection,
+    ids_json: &str,
+) -> Result<HashMap<String, String>, sqlx::Error> {
+    sqlx::query(
+        "SELECT id, status FROM outbox_events WHERE id IN (SELECT value FROM json_each(?1))",
+    )
+    .bind(ids_json)
+    .fetch_all(conn)
+    .await?
+    .iter()
+    .map(|row| Ok((row.try_get("id")?, row.try_get("status")?)))
+    .collect()
+}
