@@ -14,10 +14,11 @@ use clap::{Args, Parser, Subcommand};
                   Payloads are shown redacted: the `redact` fields of event types whose contracts are linked into this binary, every value of other event types (or only --redact-keys)."
 )]
 pub(crate) struct Cli {
-    /// PostgreSQL URL of the service's database.
+    /// The service's database: `postgres://…`, or a SQLite file
+    /// (`sqlite://app.db`; the relay's commands, not the consumer's).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
-    /// The schema that holds the outbox tables.
+    /// The schema that holds the outbox tables (PostgreSQL).
     #[arg(long, default_value = "outbox", global = true)]
     pub(crate) schema: String,
     /// One JSON document instead of human tables.
@@ -110,7 +111,8 @@ pub(crate) enum Command {
         #[command(flatten)]
         who: Who,
     },
-    /// Apply the outbox migrations to the schema.
+    /// Apply the outbox migrations (PostgreSQL: to the schema; SQLite: to
+    /// the file, created if missing).
     Migrate,
     /// Schema registry checks (the `outbox-codegen` commands).
     Registry {

@@ -11,6 +11,13 @@
 //! bad usage, a refused repair or no database. The runbook is
 //! `docs/operations.md` in the repository.
 //!
+//! `--database-url` takes PostgreSQL (`postgres://…`) or a SQLite file
+//! (`sqlite://app.db`, the `outbox-sqlite` store). On SQLite the relay's
+//! commands run through [`outbox_core::ops::OperationsStore`] unchanged
+//! (`status`, `failed`, `events`, `blocked`, `audit`, `cleanup`,
+//! `migrate`); the consumer's (`quarantine`, `dead-letters`, `positions`)
+//! exit 2 with the reason: that store keeps no consumer tables yet.
+//!
 //! The tool shows payloads through the contracts linked into it: fields
 //! marked `#[outbox(redact)]` are masked, and event types it has no
 //! contract for are masked entirely (or only `--redact-keys`). A service
@@ -43,8 +50,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{
-    EventFilter, EventRecord, EventStatus, LetterFilter, LetterKind, LetterRecord, Ops, OpsError,
-    Page, Redaction, RepairReport, StatusOptions,
+    EventFilter, EventRecord, EventStatus, LetterFilter, LetterKind, LetterRecord, OperationsStore,
+    Ops, OpsError, Page, Redaction, RepairReport, StatusOptions,
 };
 use outbox_core::store::SchemaName;
 use serde::Serialize;
@@ -117,11 +124,19 @@ async fn execute(cli: Cli) -> Outcome {
             exit_code_of(code)
         });
     }
-    let schema = SchemaName::new(cli.schema.clone()).map_err(|e| e.to_string())?;
     let url = cli
         .database_url
         .clone()
         .ok_or("no database: pass --database-url or set DATABASE_URL")?;
+    let redaction = Redaction {
+        unknown_type_keys: cli.redact_keys.clone(),
+        extra_keys: Vec::new(),
+    };
+    let out = Output { json: cli.json };
+    if is_sqlite_url(&url) {
+        return sqlite(&url, cli.command, redaction, &out).await;
+    }
+    let schema = SchemaName::new(cli.schema.clone()).map_err(|e| e.to_string())?;
     let pool = PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(Duration::from_secs(10))
@@ -132,7 +147,7 @@ async fn execute(cli: Cli) -> Outcome {
         outbox_core::store::migrate(&pool, &schema)
             .await
             .map_err(|e| e.to_string())?;
-        if cli.json {
+        if out.json {
             println!(
                 "{}",
                 serde_json::json!({ "schema": schema.as_str(), "migrated": true })
@@ -142,39 +157,8 @@ async fn execute(cli: Cli) -> Outcome {
         }
         return Ok(EXIT_OK);
     }
-    let redaction = Redaction {
-        unknown_type_keys: cli.redact_keys.clone(),
-        extra_keys: Vec::new(),
-    };
     let ops = Ops::new(pool, schema).with_redaction(redaction);
-    let out = Output { json: cli.json };
     match cli.command {
-        Command::Status {
-            check,
-            max_age,
-            max_lag,
-        } => {
-            let options = StatusOptions {
-                max_pending_age: max_age,
-                max_consumer_lag: max_lag,
-                ..StatusOptions::default()
-            };
-            status(&ops, &out, check, &options).await
-        }
-        Command::Failed { action } => failed(&ops, &out, action).await,
-        Command::Events { action } => events(&ops, &out, action).await,
-        Command::Blocked {
-            action: BlockedAction::List { limit },
-        } => blocked(&ops, &out, limit).await,
-        Command::Blocked {
-            action: BlockedAction::Retry { ids, who },
-        } => {
-            let report = ops
-                .retry_blocked(&ids, &request(&who)?)
-                .await
-                .map_err(ops_error)?;
-            Ok(print_report(&out, "retried", &report))
-        }
         Command::Quarantine { consumer, action } => {
             letters(
                 &ops,
@@ -198,9 +182,108 @@ async fn execute(cli: Cli) -> Outcome {
         Command::Positions { consumer, action } => {
             positions(&ops, &out, &required_consumer(consumer)?, action).await
         }
+        command => relay_command(&ops, &out, command).await,
+    }
+}
+
+/// Whether `url` names a SQLite database (`sqlite://file.db`,
+/// `sqlite:file.db`, `sqlite::memory:`).
+fn is_sqlite_url(url: &str) -> bool {
+    url.starts_with("sqlite:")
+}
+
+/// The commands on a SQLite outbox: `migrate` creates the file and its
+/// tables; every other command needs a migrated file (a mistyped path is
+/// an error, not a new empty database). The consumer's commands are
+/// refused: the SQLite store keeps no consumer tables yet.
+async fn sqlite(url: &str, command: Command, redaction: Redaction, out: &Output) -> Outcome {
+    let migrate = matches!(command, Command::Migrate);
+    let options = outbox_sqlite::connect_options(url)
+        .map_err(|e| format!("not a SQLite database URL: {e}"))?
+        .create_if_missing(migrate);
+    let file = options.get_filename();
+    if !migrate && !file.exists() && !url.contains(":memory:") {
+        return Err(format!(
+            "no SQLite database at {}: check the path, or create it with `outbox --database-url {url} migrate`",
+            file.display()
+        ));
+    }
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|e| format!("cannot open the SQLite database {url}: {e}"))?;
+    if migrate {
+        outbox_sqlite::migrate(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        if out.json {
+            println!(
+                "{}",
+                serde_json::json!({ "database": url, "migrated": true, "schema_version": outbox_sqlite::SCHEMA_VERSION })
+            );
+        } else {
+            println!(
+                "{url} migrated (schema version {})",
+                outbox_sqlite::SCHEMA_VERSION
+            );
+        }
+        return Ok(EXIT_OK);
+    }
+    let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| format!("cannot read {url}: {e}"))?;
+    if version == 0 {
+        return Err(format!(
+            "{url} has no outbox tables: run `outbox --database-url {url} migrate` (or the service's migrate) first"
+        ));
+    }
+    if version > outbox_sqlite::SCHEMA_VERSION {
+        return Err(format!(
+            "{url} has outbox schema version {version}, newer than this tool's {}: use the tool of the service's release",
+            outbox_sqlite::SCHEMA_VERSION
+        ));
+    }
+    let ops = outbox_sqlite::SqliteOps::new(pool).with_redaction(redaction);
+    relay_command(&ops, out, command).await
+}
+
+/// Runs a command on the relay's side of any store (status, events,
+/// blocked aggregates, the audit, repairs, cleanup). The consumer's
+/// commands are refused here: on PostgreSQL they are run before this.
+async fn relay_command<O: OperationsStore>(ops: &O, out: &Output, command: Command) -> Outcome {
+    match command {
+        Command::Status {
+            check,
+            max_age,
+            max_lag,
+        } => {
+            let options = StatusOptions {
+                max_pending_age: max_age,
+                max_consumer_lag: max_lag,
+                ..StatusOptions::default()
+            };
+            status(ops, out, check, &options).await
+        }
+        Command::Failed { action } => failed(ops, out, action).await,
+        Command::Events { action } => events(ops, out, action).await,
+        Command::Blocked {
+            action: BlockedAction::List { limit },
+        } => blocked(ops, out, limit).await,
+        Command::Blocked {
+            action: BlockedAction::Retry { ids, who },
+        } => {
+            let report = ops
+                .retry_blocked(&ids, &request(&who)?)
+                .await
+                .map_err(ops_error)?;
+            Ok(print_report(out, "retried", &report))
+        }
         Command::Audit {
             action: AuditAction::List { limit, before },
-        } => audit(&ops, &out, limit, before).await,
+        } => audit(ops, out, limit, before).await,
         Command::Cleanup {
             older_than,
             keys_older_than,
@@ -214,7 +297,10 @@ async fn execute(cli: Cli) -> Outcome {
                 batch,
                 execute,
             };
-            cleanup(&ops, &out, &plan, &who).await
+            cleanup(ops, out, &plan, &who).await
+        }
+        Command::Quarantine { .. } | Command::DeadLetters { .. } | Command::Positions { .. } => {
+            Err("quarantine, dead letters and positions are a consumer's tables, which this store does not keep (the SQLite store has the relay's side only so far): run consumers on PostgreSQL".to_owned())
         }
         Command::Migrate | Command::Registry { .. } => Ok(EXIT_OK),
     }
@@ -283,7 +369,12 @@ fn ranges(partitions: &[i32]) -> String {
     }
 }
 
-async fn status(ops: &Ops, out: &Output, check: bool, options: &StatusOptions) -> Outcome {
+async fn status(
+    ops: &impl OperationsStore,
+    out: &Output,
+    check: bool,
+    options: &StatusOptions,
+) -> Outcome {
     let status = ops.status(options).await.map_err(ops_error)?;
     if out.json {
         out.json(&status);
@@ -499,7 +590,7 @@ fn print_event(out: &Output, event: &EventRecord) {
     );
 }
 
-async fn failed(ops: &Ops, out: &Output, action: FailedAction) -> Outcome {
+async fn failed(ops: &impl OperationsStore, out: &Output, action: FailedAction) -> Outcome {
     match action {
         FailedAction::List {
             filter,
@@ -531,7 +622,7 @@ async fn failed(ops: &Ops, out: &Output, action: FailedAction) -> Outcome {
     }
 }
 
-async fn events(ops: &Ops, out: &Output, action: EventsAction) -> Outcome {
+async fn events(ops: &impl OperationsStore, out: &Output, action: EventsAction) -> Outcome {
     match action {
         EventsAction::List {
             status,
@@ -563,7 +654,7 @@ async fn events(ops: &Ops, out: &Output, action: EventsAction) -> Outcome {
     }
 }
 
-async fn show_event(ops: &Ops, out: &Output, id: uuid::Uuid) -> Outcome {
+async fn show_event(ops: &impl OperationsStore, out: &Output, id: uuid::Uuid) -> Outcome {
     match ops.event(id).await.map_err(ops_error)? {
         Some(event) => {
             print_event(out, &event);
@@ -576,7 +667,7 @@ async fn show_event(ops: &Ops, out: &Output, id: uuid::Uuid) -> Outcome {
 /// The ids of a repair: given explicitly, or found by filters with an
 /// explicit limit and a confirmation (`--yes`, or `y` on a terminal).
 async fn select_events(
-    ops: &Ops,
+    ops: &impl OperationsStore,
     args: &EventRepairArgs,
     status: EventStatus,
     verb: &str,
@@ -684,7 +775,7 @@ fn print_report(out: &Output, done: &str, report: &RepairReport) -> u8 {
     code
 }
 
-async fn blocked(ops: &Ops, out: &Output, limit: i64) -> Outcome {
+async fn blocked(ops: &impl OperationsStore, out: &Output, limit: i64) -> Outcome {
     let blocked = ops.blocked(limit).await.map_err(ops_error)?;
     if out.json {
         out.json(&blocked);
@@ -1109,7 +1200,12 @@ fn ran_ids(outcomes: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn audit(ops: &Ops, out: &Output, limit: Option<i64>, before: Option<i64>) -> Outcome {
+async fn audit(
+    ops: &impl OperationsStore,
+    out: &Output,
+    limit: Option<i64>,
+    before: Option<i64>,
+) -> Outcome {
     let page = ops.audit(before, limit).await.map_err(ops_error)?;
     if out.json {
         out.json(&page);
@@ -1132,7 +1228,12 @@ async fn audit(ops: &Ops, out: &Output, limit: Option<i64>, before: Option<i64>)
     Ok(EXIT_OK)
 }
 
-async fn cleanup(ops: &Ops, out: &Output, plan: &outbox_core::ops::Cleanup, who: &Who) -> Outcome {
+async fn cleanup(
+    ops: &impl OperationsStore,
+    out: &Output,
+    plan: &outbox_core::ops::Cleanup,
+    who: &Who,
+) -> Outcome {
     let request = if plan.execute {
         request(who)?
     } else {
@@ -1150,7 +1251,7 @@ async fn cleanup(ops: &Ops, out: &Output, plan: &outbox_core::ops::Cleanup, who:
         bar
     });
     let report = ops
-        .cleanup(plan, &request, |deleted, eligible| {
+        .cleanup(plan, &request, &mut |deleted, eligible| {
             if let Some(bar) = &bar {
                 bar.set_length(deleted.max(u64::try_from(eligible).unwrap_or(0)));
                 bar.set_position(deleted);

@@ -13,9 +13,13 @@
 //!   holds across any number of relays in any number of processes on one
 //!   file. [`start_relay`] starts the relay loop of `outbox-core` over it,
 //!   with backoff, the failed state, blocked aggregates and the wake-up.
-//! - [`SqliteOps`] repairs what the relay could not publish (retry or
+//! - [`SqliteOps`] is the operations API over the file
+//!   ([`outbox_core::ops::OperationsStore`]): the status and its problems,
+//!   listings with filters and pages (payloads redacted), the audit log,
+//!   retention, and repairs of what the relay could not publish (retry or
 //!   skip a failed head, retry a blocked one now, publish again), by id,
-//!   with a reason and an audit row.
+//!   with a reason and an audit row. The `outbox` CLI runs on it with
+//!   `--database-url sqlite://…`.
 //! - [`connect`] opens a pool with the settings the guarantees rest on
 //!   (WAL, `synchronous = FULL`, a busy timeout); [`migrate`] creates the
 //!   tables.
@@ -43,9 +47,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What is not here yet: the consumer's inbox, ordering and letters, the
-//! operations API's reads and the `outbox` CLI run on PostgreSQL only
-//! (`outbox-core`); see the README's SQLite section.
+//! What is not here yet: the consumer's inbox, ordering and letters run on
+//! PostgreSQL only (`outbox-core`); see the README's SQLite section.
 
 mod connect;
 mod emit;
@@ -69,4 +72,25 @@ pub(crate) fn now_ms() -> i64 {
 /// A duration in milliseconds for a time column, saturating.
 pub(crate) fn millis(duration: std::time::Duration) -> i64 {
     duration.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// A UUID stored as text.
+pub(crate) fn uuid_column(
+    row: &sqlx::sqlite::SqliteRow,
+    column: &str,
+) -> Result<uuid::Uuid, sqlx::Error> {
+    let text: String = sqlx::Row::try_get(row, column)?;
+    text.parse()
+        .map_err(|error: uuid::Error| sqlx::Error::Decode(error.into()))
+}
+
+/// A time stored as milliseconds since the epoch.
+pub(crate) fn time_column(
+    row: &sqlx::sqlite::SqliteRow,
+    column: &str,
+) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+    let millis: i64 = sqlx::Row::try_get(row, column)?;
+    chrono::DateTime::from_timestamp_millis(millis).ok_or_else(|| {
+        sqlx::Error::Decode(format!("{column} {millis} is not a time in milliseconds").into())
+    })
 }

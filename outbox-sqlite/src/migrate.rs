@@ -10,7 +10,7 @@
 use sqlx::{Connection, SqlitePool};
 
 /// The schema version this crate writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Migrating failed.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +100,13 @@ CREATE TABLE outbox_audit (
 );
 ";
 
-const MIGRATIONS: [&str; 1] = [MIGRATION_1];
+/// Migration 2: skipped events through their own partial index, so an
+/// operator's status and listings never scan the published history.
+const MIGRATION_2: &str = "
+CREATE INDEX outbox_events_skipped ON outbox_events (seq) WHERE status = 'skipped';
+";
+
+const MIGRATIONS: [&str; 2] = [MIGRATION_1, MIGRATION_2];
 
 /// Creates or upgrades the outbox tables in the database of `pool`. Safe to
 /// call from several processes at once and on every start.

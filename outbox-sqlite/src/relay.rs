@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use outbox_core::Envelope;
 use outbox_core::relay::{
     BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, FailedHeadPolicy,
@@ -35,7 +35,7 @@ use sqlx::{Connection, Row, SqlitePool};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::{millis, now_ms, wakeup};
+use crate::{millis, now_ms, time_column, uuid_column, wakeup};
 
 /// Claims up to `limit` events. Binds: token, lease expiry, now, limit,
 /// skip failed heads.
@@ -116,7 +116,7 @@ const RELEASE: &str =
 
 /// Aggregates whose head retries or, unless failed heads are skipped, has
 /// failed. Binds: limit (-1: all), skip failed heads.
-const BLOCKED: &str = "
+pub(crate) const BLOCKED: &str = "
 SELECT e.aggregate_type, e.aggregate_id, e.id, e.status, e.last_error,
        coalesce(e.first_failed_at, e.failed_at, e.created_at) AS since
 FROM outbox_events e
@@ -244,19 +244,6 @@ pub async fn start_relay<T: Transport>(
 
 fn store_error(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| StoreError { operation, source }
-}
-
-fn uuid_column(row: &SqliteRow, column: &str) -> Result<Uuid, sqlx::Error> {
-    let text: String = row.try_get(column)?;
-    text.parse()
-        .map_err(|error: uuid::Error| sqlx::Error::Decode(error.into()))
-}
-
-fn time_column(row: &SqliteRow, column: &str) -> Result<DateTime<Utc>, sqlx::Error> {
-    let millis: i64 = row.try_get(column)?;
-    DateTime::from_timestamp_millis(millis).ok_or_else(|| {
-        sqlx::Error::Decode(format!("{column} {millis} is not a time in milliseconds").into())
-    })
 }
 
 fn decode_claimed(row: &SqliteRow) -> Result<ClaimedEvent, sqlx::Error> {

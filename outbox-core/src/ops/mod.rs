@@ -14,6 +14,8 @@
 //!   [`Ops::discard`], [`Ops::pass_version`] (a strict consumer's position
 //!   past a version the producer skipped); and retention with
 //!   [`Ops::cleanup`].
+//! - [`OperationsStore`]: the relay side of all this as a seam, implemented
+//!   by [`Ops`] (PostgreSQL) and `outbox_sqlite::SqliteOps` (SQLite).
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -38,6 +40,7 @@ mod records;
 mod redaction;
 mod repair;
 mod status;
+mod store;
 
 use std::sync::Arc;
 
@@ -51,8 +54,9 @@ pub use redaction::Redaction;
 pub use repair::{Cleanup, CleanupReport, DEFAULT_KEY_RETENTION, IdOutcome, RepairReport};
 pub use status::{
     Backlog, BlockedRecord, ConsumerStatus, EventTypeBacklog, RelayWorkerStatus, Status,
-    StatusOptions,
+    StatusOptions, status_problems,
 };
+pub use store::{CleanupProgress, OperationsStore};
 
 use crate::audit::RepairError;
 use crate::store::SchemaName;

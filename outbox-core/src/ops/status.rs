@@ -46,9 +46,10 @@ pub struct Backlog {
     pub skipped: i64,
     /// Age of the oldest pending (or retrying) event in seconds.
     pub oldest_pending_age_seconds: Option<f64>,
-    /// Dead tuples of the outbox table (VACUUM pressure).
+    /// Dead tuples of the outbox table (VACUUM pressure); 0 on SQLite,
+    /// which keeps no dead tuples (deleted rows' pages go to its freelist).
     pub dead_tuples: i64,
-    /// Live tuples of the outbox table.
+    /// Live tuples of the outbox table (on SQLite: its rows).
     pub live_tuples: i64,
 }
 
@@ -139,7 +140,7 @@ pub struct RelayWorkerStatus {
 /// The outbox at a glance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Status {
-    /// The schema.
+    /// The schema (PostgreSQL) or the database file (SQLite).
     pub schema: String,
     /// The whole backlog.
     pub backlog: Backlog,
@@ -149,9 +150,10 @@ pub struct Status {
     pub blocked: Vec<BlockedRecord>,
     /// Every consumer with flushed stats, parked messages or open letters.
     pub consumers: Vec<ConsumerStatus>,
-    /// The relay workers and the partitions each owns.
+    /// The relay workers and the partitions each owns (PostgreSQL; empty on
+    /// SQLite, whose relays hold leases on rows, not partitions).
     pub relay_workers: Vec<RelayWorkerStatus>,
-    /// The partition count fixed at migration.
+    /// The partition count fixed at migration (0 on SQLite).
     pub partitions: i32,
     /// What needs an operator, one line each (empty: healthy).
     pub problems: Vec<String>,
@@ -250,7 +252,7 @@ impl Ops {
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(OpsError::database("reading relay workers"))?;
-        let problems = problems(&backlog, &blocked, &consumers, options);
+        let problems = status_problems(&backlog, &blocked, &consumers, options);
         Ok(Status {
             schema: self.schema.to_string(),
             backlog,
@@ -292,7 +294,12 @@ impl Ops {
     }
 }
 
-fn problems(
+/// What a health check should flag, one line each: the oldest pending
+/// event older than `options.max_pending_age`, failed events, each blocked
+/// aggregate, each consumer behind by more than `options.max_consumer_lag`
+/// or with open quarantine rows or dead letters. Every store's status
+/// lists its problems with this.
+pub fn status_problems(
     backlog: &Backlog,
     blocked: &[BlockedRecord],
     consumers: &[ConsumerStatus],

@@ -9,9 +9,10 @@ use std::collections::{HashMap, HashSet};
 use outbox_core::audit::RepairError;
 use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{IdOutcome, MAX_REPAIR_IDS, OpsError, RepairReport};
-use sqlx::{Connection, Row, SqliteConnection, SqlitePool};
+use sqlx::{Connection, Row, SqliteConnection};
 use uuid::Uuid;
 
+use super::SqliteOps;
 use crate::now_ms;
 
 /// Failed events back to pending, from the first attempt. Binds: ids.
@@ -49,19 +50,7 @@ WHERE status = 'pending' AND attempt_count > 0 AND id IN (SELECT value FROM json
         AND o.aggregate_version < outbox_events.aggregate_version)
 RETURNING id";
 
-/// The operations API's repairs over the SQLite outbox. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct SqliteOps {
-    pool: SqlitePool,
-}
-
 impl SqliteOps {
-    /// Repairs through `pool` (the service's pool is fine: repairs are
-    /// rare and commit with `pool`'s durability).
-    pub fn new(pool: SqlitePool) -> SqliteOps {
-        SqliteOps { pool }
-    }
-
     /// Retries failed events from their first attempt. Under
     /// `FailedHeadPolicy::Block` a failed event is its aggregate's head, and
     /// the aggregate goes on in order once it is published.

@@ -1,0 +1,167 @@
+//! The operations seam: what an operator reads and repairs of the relay's
+//! side of an outbox (backlog, events, blocked aggregates, audit, the
+//! relay's repairs and retention), whatever store keeps it. [`Ops`] is the
+//! PostgreSQL store's; `outbox_sqlite::SqliteOps` is SQLite's. The `outbox`
+//! CLI drives its relay commands through this trait only, so a store that
+//! implements it gets `status`, `failed`, `events`, `blocked`, `audit` and
+//! `cleanup`.
+//!
+//! The consumer's side (letters, positions, replays) is not part of the
+//! seam yet: only the PostgreSQL store keeps consumer tables
+//! ([`Ops::letters`], [`Ops::request_replay`], …).
+//!
+//! Every method returns a `Send` future, so a generic caller can spawn it.
+
+use std::future::Future;
+
+use uuid::Uuid;
+
+use super::{
+    AuditRecord, BlockedRecord, Cleanup, CleanupReport, EventFilter, EventRecord, Ops, OpsError,
+    Page, RepairReport, Status, StatusOptions,
+};
+use crate::audit::RepairRequest;
+
+/// Progress of a cleanup: `(events deleted so far, events eligible)`.
+pub type CleanupProgress<'a> = &'a mut (dyn FnMut(u64, i64) + Send);
+
+/// An outbox store's operations over the relay's side. Each method means
+/// what the method of the same name on [`Ops`] documents; stores differ
+/// only in figures that exist on one of them (see [`Status`]).
+pub trait OperationsStore: Send + Sync {
+    /// The outbox at a glance, with the problems a check should flag.
+    fn status(
+        &self,
+        options: &StatusOptions,
+    ) -> impl Future<Output = Result<Status, OpsError>> + Send;
+
+    /// Events with a status, filtered, oldest first.
+    fn events(
+        &self,
+        filter: &EventFilter,
+    ) -> impl Future<Output = Result<Page<EventRecord>, OpsError>> + Send;
+
+    /// One event by id.
+    fn event(&self, id: Uuid)
+    -> impl Future<Output = Result<Option<EventRecord>, OpsError>> + Send;
+
+    /// Aggregates whose head still blocks them, oldest first.
+    fn blocked(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<BlockedRecord>, OpsError>> + Send;
+
+    /// Audit rows, newest first; `before` is a page's `next`.
+    fn audit(
+        &self,
+        before: Option<i64>,
+        limit: Option<i64>,
+    ) -> impl Future<Output = Result<Page<AuditRecord>, OpsError>> + Send;
+
+    /// Failed events back to pending, from the first attempt.
+    fn retry_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> impl Future<Output = Result<RepairReport, OpsError>> + Send;
+
+    /// Failed heads to skipped; their aggregates go on.
+    fn skip_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> impl Future<Output = Result<RepairReport, OpsError>> + Send;
+
+    /// Published events published again, with their own ids.
+    fn republish(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> impl Future<Output = Result<RepairReport, OpsError>> + Send;
+
+    /// Retrying heads of blocked aggregates tried now.
+    fn retry_blocked(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> impl Future<Output = Result<RepairReport, OpsError>> + Send;
+
+    /// Retention: published events and idempotency keys older than their
+    /// ages, in batches; a dry run unless `plan.execute`.
+    fn cleanup(
+        &self,
+        plan: &Cleanup,
+        request: &RepairRequest,
+        progress: CleanupProgress<'_>,
+    ) -> impl Future<Output = Result<CleanupReport, OpsError>> + Send;
+}
+
+impl OperationsStore for Ops {
+    async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {
+        Ops::status(self, options).await
+    }
+
+    async fn events(&self, filter: &EventFilter) -> Result<Page<EventRecord>, OpsError> {
+        Ops::events(self, filter).await
+    }
+
+    async fn event(&self, id: Uuid) -> Result<Option<EventRecord>, OpsError> {
+        Ops::event(self, id).await
+    }
+
+    async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
+        Ops::blocked(self, limit).await
+    }
+
+    async fn audit(
+        &self,
+        before: Option<i64>,
+        limit: Option<i64>,
+    ) -> Result<Page<AuditRecord>, OpsError> {
+        Ops::audit(self, before, limit).await
+    }
+
+    async fn retry_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        Ops::retry_failed(self, ids, request).await
+    }
+
+    async fn skip_failed(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        Ops::skip_failed(self, ids, request).await
+    }
+
+    async fn republish(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        Ops::republish(self, ids, request).await
+    }
+
+    async fn retry_blocked(
+        &self,
+        ids: &[Uuid],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        Ops::retry_blocked(self, ids, request).await
+    }
+
+    async fn cleanup(
+        &self,
+        plan: &Cleanup,
+        request: &RepairRequest,
+        progress: CleanupProgress<'_>,
+    ) -> Result<CleanupReport, OpsError> {
+        Ops::cleanup(self, plan, request, |deleted, eligible| {
+            progress(deleted, eligible)
+        })
+        .await
+    }
+}
