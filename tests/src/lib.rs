@@ -20,6 +20,7 @@ pub mod proxy;
 pub mod rabbitnode;
 pub mod statements;
 pub mod stats;
+pub mod store_conformance;
 pub mod tansu;
 pub mod transports;
 pub mod wait;

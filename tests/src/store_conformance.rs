@@ -1,0 +1,420 @@
+//! One store conformance suite, run unchanged against every store
+//! (`tests/tests/store_conformance_postgres.rs`, `…_sqlite.rs`): the
+//! article's fault tests of the producer half and the operator's repairs,
+//! written against the seams only (emit in the store's transaction, a
+//! relay over the store, [`OperationsStore`]), so a store passes exactly
+//! when it keeps the promises the README makes for all stores.
+//!
+//! The cases, in the article's numbering where it has one:
+//! 1. a rolled-back transaction's events are never published;
+//! 2. a broker that is down: nothing is lost, every event is published once
+//!    it is back, each aggregate in version order;
+//! 3. the relay dies between the broker's ack and the mark (a failpoint
+//!    panics the worker there): the events are published again, none lost;
+//! 7. one event in retry does not hold up other aggregates, only its own;
+//! 8. a large backlog drains in order per aggregate, each event once;
+//!
+//! and the repairs: a failed head retried (its aggregate goes on in order,
+//! the audit names the operator) and another skipped (its later versions
+//! go on, it is never published).
+//!
+//! The consumer's cases (two instances, versions out of order, a bad
+//! schema version) need the consumer's store seam, which only PostgreSQL
+//! has so far; they run in the consumer and fault suites.
+//!
+//! The suite arms a process-wide failpoint: a test binary runs it from one
+//! test, case after case, on a fresh database per case.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use outbox_core::audit::RepairRequest;
+use outbox_core::ops::{EventFilter, EventStatus, OperationsStore, StatusOptions};
+use outbox_core::relay::failpoint::{self, AFTER_PUBLISH, Action};
+use outbox_core::relay::{Backoff, Relay, RelayConfig};
+use outbox_core::transport::{PublishFailure, Transport};
+
+use crate::events::Ticked;
+use crate::transports::RecordingTransport;
+use crate::wait;
+
+/// A store under the suite: a fresh, migrated database per value.
+pub trait StoreUnderTest: Sized + Send + Sync {
+    /// The store's operations API.
+    type Ops: OperationsStore;
+
+    /// A fresh database with the outbox tables.
+    fn fresh() -> impl Future<Output = Self> + Send;
+
+    /// Emits `ticks` in one transaction of the store, then commits it or
+    /// rolls it back.
+    fn emit(&self, ticks: &[Ticked], commit: bool) -> impl Future<Output = ()> + Send;
+
+    /// Starts a relay over the store.
+    fn start_relay<T: Transport>(
+        &self,
+        transport: T,
+        config: RelayConfig,
+    ) -> impl Future<Output = Relay> + Send;
+
+    /// The operations API over the store (contracts' redaction).
+    fn ops(&self) -> Self::Ops;
+
+    /// Events in the published state.
+    fn published(&self) -> impl Future<Output = i64> + Send;
+
+    /// Removes what [`fresh`](StoreUnderTest::fresh) made.
+    fn clean_up(self) -> impl Future<Output = ()> + Send;
+}
+
+/// Runs every case against fresh databases of `S`, naming each as it
+/// starts (a failure's panic follows its name).
+pub async fn run<S: StoreUnderTest>() {
+    eprintln!("case 1: a rollback publishes nothing");
+    rollback_publishes_nothing::<S>().await;
+    eprintln!("case 2: a broker that is down loses nothing");
+    broker_down_loses_nothing::<S>().await;
+    eprintln!("case 3: a relay that dies between ack and mark publishes again");
+    death_between_ack_and_mark_publishes_again::<S>().await;
+    eprintln!("case 7: one event in retry holds up only its aggregate");
+    a_retrying_event_holds_up_only_its_aggregate::<S>().await;
+    eprintln!("case 8: a large backlog drains in order");
+    a_large_backlog_drains_in_order::<S>().await;
+    eprintln!("repairs: retry and skip of failed heads");
+    failed_heads_are_retried_and_skipped_with_an_audit::<S>().await;
+}
+
+/// A relay that polls, retries and gives up quickly.
+pub fn quick_config() -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        error_backoff: Duration::from_millis(50),
+        backoff: Backoff {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(100),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        stats_interval: Duration::ZERO,
+        ..RelayConfig::default()
+    }
+}
+
+/// `versions` ticks of each of `counters`, interleaved (v1 of every
+/// counter, then v2, …).
+fn ticks(counters: &[&str], versions: u64) -> Vec<Ticked> {
+    (1..=versions)
+        .flat_map(|tick| counters.iter().map(move |c| Ticked::new(*c, tick)))
+        .collect()
+}
+
+/// Per aggregate, the versions `transport` acknowledged, in order.
+fn versions(transport: &RecordingTransport) -> HashMap<String, Vec<i64>> {
+    let mut by_aggregate: HashMap<String, Vec<i64>> = HashMap::new();
+    for envelope in transport.published() {
+        by_aggregate
+            .entry(envelope.aggregate_id.clone())
+            .or_default()
+            .push(envelope.aggregate_version);
+    }
+    by_aggregate
+}
+
+fn request(reason: &str) -> RepairRequest {
+    RepairRequest::new("conformance", reason).expect("a valid request")
+}
+
+async fn published_count(transport: &RecordingTransport, n: usize, what: &str) {
+    let transport = transport.clone();
+    wait::until(what, Duration::from_secs(30), move || {
+        let transport = transport.clone();
+        async move { transport.published_count() >= n }
+    })
+    .await;
+}
+
+async fn rollback_publishes_nothing<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    store.emit(&ticks(&["kept"], 3), true).await;
+    store.emit(&ticks(&["undone"], 2), false).await;
+    let transport = RecordingTransport::new();
+    let relay = store.start_relay(transport.clone(), quick_config()).await;
+    published_count(&transport, 3, "the committed events").await;
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    let seen = versions(&transport);
+    assert_eq!(seen.get("kept"), Some(&vec![1, 2, 3]));
+    assert!(
+        !seen.contains_key("undone"),
+        "a rolled-back event was published"
+    );
+    assert_eq!(store.published().await, 3);
+    let status = store.ops().status(&StatusOptions::default()).await.unwrap();
+    assert_eq!(status.backlog.pending, 0, "a rolled-back event was stored");
+    store.clean_up().await;
+}
+
+async fn broker_down_loses_nothing<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    let counters = ["a", "b", "c", "d"];
+    store.emit(&ticks(&counters, 5), true).await;
+    let down = Arc::new(AtomicBool::new(true));
+    let broker = Arc::clone(&down);
+    let transport = RecordingTransport::failing(move |_| {
+        broker
+            .load(Ordering::SeqCst)
+            .then(|| PublishFailure::retryable("connection refused"))
+    });
+    let relay = store
+        .start_relay(
+            transport.clone(),
+            RelayConfig {
+                max_attempts: 1000,
+                ..quick_config()
+            },
+        )
+        .await;
+    let ops = store.ops();
+    wait::until(
+        "attempts against the down broker",
+        Duration::from_secs(30),
+        || {
+            let transport = transport.clone();
+            async move { transport.attempts() >= 8 }
+        },
+    )
+    .await;
+    let status = ops.status(&StatusOptions::default()).await.unwrap();
+    assert_eq!(status.backlog.failed, 0);
+    assert_eq!(
+        status.backlog.pending + status.backlog.retrying,
+        20,
+        "every event waits while the broker is down"
+    );
+    assert!(status.backlog.retrying > 0, "no attempt was recorded");
+    down.store(false, Ordering::SeqCst);
+    published_count(&transport, 20, "every event after the broker came back").await;
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    for (aggregate, seen) in versions(&transport) {
+        assert_eq!(seen, [1, 2, 3, 4, 5], "aggregate {aggregate}");
+    }
+    assert_eq!(store.published().await, 20);
+    store.clean_up().await;
+}
+
+async fn death_between_ack_and_mark_publishes_again<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    store.emit(&ticks(&["p", "q"], 4), true).await;
+    let transport = RecordingTransport::new();
+    failpoint::arm(AFTER_PUBLISH, Action::Panic, 1);
+    // The worker panics after the broker acknowledged its first batch and
+    // before the outcome is recorded; the supervisor restarts it. A store
+    // that leases rows gives them back after `claim_timeout`.
+    let relay = store
+        .start_relay(
+            transport.clone(),
+            RelayConfig {
+                publish_timeout: Duration::from_secs(1),
+                claim_timeout: Duration::from_secs(2),
+                ..quick_config()
+            },
+        )
+        .await;
+    let done = store.ops();
+    wait::until(
+        "every event marked published after the worker's death",
+        Duration::from_secs(30),
+        || async {
+            done.status(&StatusOptions::default())
+                .await
+                .map(|s| s.backlog.pending + s.backlog.retrying == 0)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    failpoint::disarm(AFTER_PUBLISH);
+    assert_eq!(store.published().await, 8);
+    let seen = versions(&transport);
+    for aggregate in ["p", "q"] {
+        let versions = &seen[aggregate];
+        assert!(
+            versions.len() > 4,
+            "aggregate {aggregate}: nothing was published again ({versions:?})"
+        );
+        // At least once: every version, some of them twice.
+        let mut distinct = versions.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct, [1, 2, 3, 4], "aggregate {aggregate}");
+    }
+    store.clean_up().await;
+}
+
+async fn a_retrying_event_holds_up_only_its_aggregate<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    let counters = ["stuck", "free-1", "free-2", "free-3"];
+    store.emit(&ticks(&counters, 3), true).await;
+    let transport = RecordingTransport::failing(|envelope| {
+        (envelope.aggregate_id == "stuck" && envelope.aggregate_version == 1)
+            .then(|| PublishFailure::retryable("message rejected"))
+    });
+    let relay = store
+        .start_relay(
+            transport.clone(),
+            RelayConfig {
+                max_attempts: 1000,
+                ..quick_config()
+            },
+        )
+        .await;
+    published_count(&transport, 9, "the free aggregates").await;
+    let ops = store.ops();
+    wait::until(
+        "the stuck head retried",
+        Duration::from_secs(30),
+        || async { transport.attempts() >= 12 },
+    )
+    .await;
+    let seen = versions(&transport);
+    for free in &counters[1..] {
+        assert_eq!(seen[*free], [1, 2, 3], "aggregate {free}");
+    }
+    assert!(
+        !seen.contains_key("stuck"),
+        "a version behind a retrying head was published"
+    );
+    let blocked = ops.blocked(10).await.unwrap();
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!(blocked[0].aggregate_id, "stuck");
+    assert_eq!(blocked[0].head_status, "pending");
+    assert!(
+        blocked[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("message rejected")),
+        "{blocked:?}"
+    );
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    store.clean_up().await;
+}
+
+async fn a_large_backlog_drains_in_order<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    let names: Vec<String> = (0..50).map(|i| format!("big-{i}")).collect();
+    let counters: Vec<&str> = names.iter().map(String::as_str).collect();
+    let all = ticks(&counters, 40);
+    for chunk in all.chunks(100) {
+        store.emit(chunk, true).await;
+    }
+    let transport = RecordingTransport::new();
+    let relay = store
+        .start_relay(
+            transport.clone(),
+            RelayConfig {
+                workers: 2,
+                batch_size: 100,
+                ..quick_config()
+            },
+        )
+        .await;
+    published_count(&transport, 2000, "the backlog").await;
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    let expected: Vec<i64> = (1..=40).collect();
+    let seen = versions(&transport);
+    assert_eq!(seen.len(), 50);
+    for (aggregate, versions) in seen {
+        assert_eq!(versions, expected, "aggregate {aggregate}");
+    }
+    assert_eq!(
+        transport.published_count(),
+        2000,
+        "an event was published twice"
+    );
+    assert_eq!(store.published().await, 2000);
+    store.clean_up().await;
+}
+
+async fn failed_heads_are_retried_and_skipped_with_an_audit<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    store.emit(&ticks(&["to-retry", "to-skip"], 3), true).await;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let broker = Arc::clone(&fixed);
+    let transport = RecordingTransport::failing(move |envelope| {
+        (envelope.aggregate_version == 1 && !broker.load(Ordering::SeqCst))
+            .then(|| PublishFailure::permanent("message too large"))
+    });
+    let relay = store
+        .start_relay(
+            transport.clone(),
+            RelayConfig {
+                max_attempts: 1,
+                ..quick_config()
+            },
+        )
+        .await;
+    let ops = store.ops();
+    let failed_filter = EventFilter {
+        status: EventStatus::Failed,
+        ..EventFilter::default()
+    };
+    wait::until("both heads failed", Duration::from_secs(30), || async {
+        ops.events(&failed_filter)
+            .await
+            .map(|page| page.items.len() == 2)
+            .unwrap_or(false)
+    })
+    .await;
+    let failed = ops.events(&failed_filter).await.unwrap().items;
+    let head = |aggregate: &str| {
+        failed
+            .iter()
+            .find(|e| e.aggregate_id == aggregate)
+            .map(|e| e.id)
+            .expect("a failed head")
+    };
+    let (retry, skip) = (head("to-retry"), head("to-skip"));
+    let status = ops.status(&StatusOptions::default()).await.unwrap();
+    assert_eq!(status.backlog.failed, 2);
+    assert_eq!(status.blocked.len(), 2, "{:?}", status.blocked);
+    assert!(!status.problems.is_empty());
+
+    fixed.store(true, Ordering::SeqCst);
+    let skipped = ops
+        .skip_failed(&[skip], &request("duplicate of an earlier charge"))
+        .await
+        .unwrap();
+    assert_eq!(skipped.count("skipped"), 1);
+    let retried = ops
+        .retry_failed(&[retry], &request("broker limit raised"))
+        .await
+        .unwrap();
+    assert_eq!(retried.count("retried"), 1);
+    published_count(&transport, 5, "both aggregates after the repairs").await;
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    let seen = versions(&transport);
+    assert_eq!(seen["to-retry"], [1, 2, 3]);
+    assert_eq!(seen["to-skip"], [2, 3], "the skipped head was published");
+    let status = ops.status(&StatusOptions::default()).await.unwrap();
+    assert_eq!((status.backlog.failed, status.backlog.skipped), (0, 1));
+    assert!(status.problems.is_empty(), "{:?}", status.problems);
+    let audit = ops.audit(None, Some(10)).await.unwrap().items;
+    let actions: Vec<(&str, &str, &str)> = audit
+        .iter()
+        .map(|a| (a.action.as_str(), a.operator.as_str(), a.reason.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("relay.retry", "conformance", "broker limit raised"),
+            (
+                "relay.skip",
+                "conformance",
+                "duplicate of an earlier charge"
+            ),
+        ]
+    );
+    store.clean_up().await;
+}
