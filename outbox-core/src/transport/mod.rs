@@ -2,12 +2,16 @@
 //! knows this trait only. Each broker is its own crate behind it:
 //! `outbox-nats` (NATS JetStream), `outbox-kafka` and `outbox-rabbitmq`;
 //! the consumer side of each implements
-//! [`MessageSource`](crate::consumer::MessageSource).
+//! [`MessageSource`](crate::consumer::MessageSource). [`InProcessBus`]
+//! needs no broker: it hands events to the consumers of the same process
+//! and acknowledges a publish only once each of them committed it.
 
 pub use crate::encoding;
+mod in_process;
 mod source;
 pub mod template;
 
+pub use in_process::{InProcessBus, InProcessDelivery, InProcessSource, InProcessTransport};
 pub use source::{default_source, source_of, validate_source};
 
 use std::fmt;

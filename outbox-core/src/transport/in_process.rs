@@ -1,0 +1,300 @@
+//! An in-process bus: the relay hands events to the consumers of its own
+//! process, with no broker. A publish is acknowledged only after every
+//! subscribed consumer has settled the event, that is committed it (applied
+//! it, found it in its inbox, or quarantined or dead-lettered it), so
+//! nothing counts as published that no consumer durably has:
+//!
+//! - a crash between a consumer's commit and the relay's mark publishes
+//!   the event again, and that consumer's inbox drops the duplicate;
+//! - a consumer whose handler asks for a retry, or that stops before it
+//!   settles, fails the publish (retryable): the event stays pending and
+//!   the relay's backoff delivers it again, to every subscriber (those that
+//!   applied it find it in their inbox);
+//! - with no consumer subscribed the transport reports itself down, so the
+//!   relay claims nothing and events wait with their attempts untouched.
+//!
+//! Consumers subscribe by name; several sources of one name (instances of
+//! one consumer) share its queue and compete for its messages. A name's
+//! queue lives as long as one of its sources does.
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::PgPool, consumer: outbox_core::consumer::Consumer) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::relay::{Relay, RelayConfig};
+//! use outbox_core::store::SchemaName;
+//! use outbox_core::transport::InProcessBus;
+//!
+//! let bus = InProcessBus::new();
+//! let task = consumer.spawn(bus.subscribe("billing"));
+//! let relay = Relay::start_postgres(pool, SchemaName::new("app")?, bus.transport(), RelayConfig::default()).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::{PublishFailure, Transport, TransportHealth};
+use crate::consumer::{Delivery, Incoming, MessageSource, SourceError};
+use crate::envelope::Envelope;
+
+/// How a consumer settled one delivery.
+#[derive(Debug)]
+enum Settlement {
+    /// Committed: applied, a duplicate, or a letter.
+    Acked,
+    /// Not committed; its handler asked for a later delivery.
+    RetryLater,
+}
+
+/// One message on its way to a consumer, with the way back.
+#[derive(Debug)]
+struct Handoff {
+    event_id: Uuid,
+    incoming: Incoming,
+    settle: oneshot::Sender<Settlement>,
+}
+
+/// Deliveries per event id not yet acknowledged by one subscription.
+type Attempts = Arc<Mutex<HashMap<Uuid, u32>>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One consumer name's queue, as the bus holds it.
+#[derive(Debug)]
+struct Subscription {
+    name: String,
+    sender: mpsc::UnboundedSender<Handoff>,
+    /// The queue's receiving end, held by the name's sources; gone (and
+    /// the sender closed) when the last one is dropped.
+    receiver: Weak<tokio::sync::Mutex<mpsc::UnboundedReceiver<Handoff>>>,
+    attempts: Attempts,
+}
+
+impl Subscription {
+    fn next_attempt(&self, event_id: Uuid) -> u32 {
+        let mut attempts = lock(&self.attempts);
+        let attempt = attempts.entry(event_id).or_insert(0);
+        *attempt += 1;
+        *attempt
+    }
+}
+
+#[derive(Debug, Default)]
+struct Subscriptions(Mutex<Vec<Arc<Subscription>>>);
+
+impl Subscriptions {
+    /// The subscriptions whose consumers are still there.
+    fn live(&self) -> Vec<Arc<Subscription>> {
+        let mut all = lock(&self.0);
+        all.retain(|s| !s.sender.is_closed());
+        all.clone()
+    }
+}
+
+/// The bus: subscribe consumers with [`subscribe`](InProcessBus::subscribe)
+/// and give the relay its [`transport`](InProcessBus::transport). Cheap to
+/// clone; the consumers' sources close when the bus and every transport
+/// of it are dropped.
+#[derive(Debug, Clone, Default)]
+pub struct InProcessBus {
+    subscriptions: Arc<Subscriptions>,
+}
+
+impl InProcessBus {
+    /// A bus with no subscribers.
+    pub fn new() -> InProcessBus {
+        InProcessBus::default()
+    }
+
+    /// A source for the consumer `name` (pass it to
+    /// [`Consumer::spawn`](crate::consumer::Consumer::spawn)). Events
+    /// published from now on are delivered to it; a second source of the
+    /// same name shares the queue.
+    pub fn subscribe(&self, name: impl Into<String>) -> InProcessSource {
+        let name = name.into();
+        let mut all = lock(&self.subscriptions.0);
+        all.retain(|s| !s.sender.is_closed());
+        if let Some(existing) = all.iter().find(|s| s.name == name)
+            && let Some(receiver) = existing.receiver.upgrade()
+        {
+            return InProcessSource {
+                receiver,
+                attempts: Arc::clone(&existing.attempts),
+            };
+        }
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let receiver = Arc::new(tokio::sync::Mutex::new(receiver));
+        let attempts = Attempts::default();
+        all.push(Arc::new(Subscription {
+            name,
+            sender,
+            receiver: Arc::downgrade(&receiver),
+            attempts: Arc::clone(&attempts),
+        }));
+        InProcessSource { receiver, attempts }
+    }
+
+    /// The relay's side of the bus.
+    pub fn transport(&self) -> InProcessTransport {
+        InProcessTransport {
+            subscriptions: Arc::clone(&self.subscriptions),
+        }
+    }
+
+    /// The names of the consumers subscribed now.
+    pub fn subscribers(&self) -> Vec<String> {
+        self.subscriptions
+            .live()
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    }
+}
+
+/// The relay's side of an [`InProcessBus`].
+#[derive(Debug, Clone)]
+pub struct InProcessTransport {
+    subscriptions: Arc<Subscriptions>,
+}
+
+/// What the transport says when no consumer is there to take an event.
+const NO_SUBSCRIBER: &str = "no consumer is subscribed to the in-process bus";
+
+impl Transport for InProcessTransport {
+    async fn publish(&self, events: &[&Envelope]) -> Vec<Result<(), PublishFailure>> {
+        let subscriptions = self.subscriptions.live();
+        if subscriptions.is_empty() {
+            return events
+                .iter()
+                .map(|_| Err(PublishFailure::retryable(NO_SUBSCRIBER)))
+                .collect();
+        }
+        let mut results: Vec<Result<(), PublishFailure>> = vec![Ok(()); events.len()];
+        let mut waiting = Vec::with_capacity(events.len() * subscriptions.len());
+        for (index, envelope) in events.iter().enumerate() {
+            for subscription in &subscriptions {
+                let (settle, settled) = oneshot::channel();
+                let handoff = Handoff {
+                    event_id: envelope.id,
+                    incoming: Incoming::from_envelope(
+                        envelope,
+                        subscription.next_attempt(envelope.id),
+                    ),
+                    settle,
+                };
+                if subscription.sender.send(handoff).is_err() {
+                    results[index] = Err(PublishFailure::retryable(format!(
+                        "consumer {} stopped",
+                        subscription.name
+                    )));
+                } else {
+                    waiting.push((index, subscription.name.clone(), settled));
+                }
+            }
+        }
+        let settled = futures_util::future::join_all(
+            waiting
+                .into_iter()
+                .map(|(index, name, settled)| async move { (index, name, settled.await) }),
+        )
+        .await;
+        for (index, name, settlement) in settled {
+            let reason = match settlement {
+                Ok(Settlement::Acked) => continue,
+                Ok(Settlement::RetryLater) => {
+                    format!("consumer {name} has not applied it (its handler asked for a retry)")
+                }
+                Err(_) => format!("consumer {name} stopped before it settled the message"),
+            };
+            if results[index].is_ok() {
+                results[index] = Err(PublishFailure::retryable(reason));
+            }
+        }
+        results
+    }
+
+    fn name(&self) -> &'static str {
+        "in-process"
+    }
+
+    async fn health(&self) -> TransportHealth {
+        if self.subscriptions.live().is_empty() {
+            TransportHealth::Down {
+                reason: NO_SUBSCRIBER.to_owned(),
+            }
+        } else {
+            TransportHealth::Up
+        }
+    }
+}
+
+/// A consumer's side of an [`InProcessBus`]: a [`MessageSource`]. It
+/// closes (an empty batch) when the bus and its transports are gone.
+#[derive(Debug)]
+pub struct InProcessSource {
+    receiver: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Handoff>>>,
+    attempts: Attempts,
+}
+
+/// One message of an [`InProcessSource`]; settling it answers the relay's
+/// publish. Dropped unsettled (the consumer stopped), it fails the publish.
+#[derive(Debug)]
+pub struct InProcessDelivery {
+    incoming: Incoming,
+    event_id: Uuid,
+    settle: oneshot::Sender<Settlement>,
+    attempts: Attempts,
+}
+
+impl Delivery for InProcessDelivery {
+    fn incoming(&self) -> &Incoming {
+        &self.incoming
+    }
+
+    async fn ack(self) -> Result<(), SourceError> {
+        lock(&self.attempts).remove(&self.event_id);
+        // The relay may have stopped waiting (its publish timed out); it
+        // publishes again and the inbox drops the duplicate.
+        let _ = self.settle.send(Settlement::Acked);
+        Ok(())
+    }
+
+    async fn retry_later(self, _delay: std::time::Duration) -> Result<(), SourceError> {
+        // The relay's backoff decides when it comes again.
+        let _ = self.settle.send(Settlement::RetryLater);
+        Ok(())
+    }
+}
+
+impl MessageSource for InProcessSource {
+    type Delivery = InProcessDelivery;
+
+    async fn next_batch(&mut self, max: usize) -> Result<Vec<InProcessDelivery>, SourceError> {
+        let mut receiver = self.receiver.lock().await;
+        let Some(first) = receiver.recv().await else {
+            return Ok(Vec::new());
+        };
+        let mut handoffs = vec![first];
+        while handoffs.len() < max {
+            match receiver.try_recv() {
+                Ok(next) => handoffs.push(next),
+                Err(_) => break,
+            }
+        }
+        Ok(handoffs
+            .into_iter()
+            .map(|handoff| InProcessDelivery {
+                event_id: handoff.event_id,
+                incoming: handoff.incoming,
+                settle: handoff.settle,
+                attempts: Arc::clone(&self.attempts),
+            })
+            .collect())
+    }
+}
