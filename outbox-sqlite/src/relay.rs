@@ -268,12 +268,36 @@ fn decode_claimed(row: &SqliteRow) -> Result<ClaimedEvent, sqlx::Error> {
 }
 
 /// Events leased to one worker until they are completed, released, or the
-/// lease runs out.
+/// lease runs out. Dropped unsettled (a worker that panicked or was
+/// aborted mid-batch), it gives its lease back at once, as a PostgreSQL
+/// claim's transaction rolls back: the events are claimed again (and
+/// published again: at least once) without waiting for the lease to run
+/// out. Only a process that dies waits for the lease.
 #[derive(Debug)]
 pub struct SqliteClaim {
     pool: SqlitePool,
     token: String,
     events: Vec<ClaimedEvent>,
+    /// Its outcome was recorded or it was released.
+    settled: bool,
+}
+
+impl Drop for SqliteClaim {
+    fn drop(&mut self) {
+        if self.settled || self.events.is_empty() {
+            return;
+        }
+        // No runtime (the process is shutting down): the lease runs out.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, token) = (self.pool.clone(), std::mem::take(&mut self.token));
+        runtime.spawn(async move {
+            if let Err(error) = sqlx::query(RELEASE).bind(&token).execute(&pool).await {
+                tracing::warn!(%error, "could not give back an abandoned claim; its lease runs out");
+            }
+        });
+    }
 }
 
 impl SqliteClaim {
@@ -355,16 +379,18 @@ impl ClaimedBatch for SqliteClaim {
         &self.events
     }
 
-    async fn complete(self, outcome: BatchOutcome) -> Result<(), StoreError> {
+    async fn complete(mut self, outcome: BatchOutcome) -> Result<(), StoreError> {
         if self.events.is_empty() {
             return Ok(());
         }
         self.record(&outcome)
             .await
-            .map_err(store_error("record batch outcome"))
+            .map_err(store_error("record batch outcome"))?;
+        self.settled = true;
+        Ok(())
     }
 
-    async fn release(self) -> Result<(), StoreError> {
+    async fn release(mut self) -> Result<(), StoreError> {
         if self.events.is_empty() {
             return Ok(());
         }
@@ -373,6 +399,7 @@ impl ClaimedBatch for SqliteClaim {
             .execute(&self.pool)
             .await
             .map_err(store_error("release claim"))?;
+        self.settled = true;
         Ok(())
     }
 }
@@ -431,11 +458,12 @@ impl RelayStore for SqliteRelayStore {
             pool: self.pool.clone(),
             token,
             events,
+            settled: false,
         })
     }
 
     async fn heartbeat(&self, _worker_id: Uuid, _waiting: bool) -> Result<(), StoreError> {
-        // Emitters wake relays through a commit hook, whoever waits: there
+        // Every emit wakes the relays of its process, whoever waits: there
         // is no waiting flag to keep.
         Ok(())
     }

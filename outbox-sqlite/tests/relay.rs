@@ -144,8 +144,8 @@ async fn a_dead_workers_lease_runs_out_and_its_events_are_claimed_again_in_order
         .map(|e| e.envelope.aggregate_version)
         .collect();
     assert_eq!(claimed, [1, 2, 3]);
-    // The holder dies: no outcome, no release.
-    drop(claim);
+    // The holder's process dies: no destructor, no outcome, no release.
+    std::mem::forget(claim);
     // A version emitted meanwhile waits behind the leased ones.
     emit_one(&db, "leased").await;
 
@@ -371,6 +371,52 @@ async fn aggregates_held_by_another_worker_do_not_starve_the_free_ones() {
         assert!(n >= 60, "{board} is held by the other worker");
     }
     drop(held);
+}
+
+#[tokio::test]
+async fn a_claim_dropped_unsettled_gives_its_lease_back_at_once() {
+    let db = TestDb::new().await;
+    for _ in 0..3 {
+        emit_one(&db, "abandoned").await;
+    }
+    let long_lease = RelayConfig {
+        claim_timeout: Duration::from_secs(600),
+        ..config()
+    };
+    let panicked = SqliteRelayStore::new(db.pool.clone(), &long_lease);
+    let other = SqliteRelayStore::new(db.another_pool().await, &long_lease);
+    let claim = panicked.claim(10).await.unwrap();
+    assert_eq!(claim.events().len(), 3);
+    // A worker task that panics or is aborted mid-batch drops its claim.
+    drop(claim);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let versions = loop {
+        let again = other.claim(10).await.unwrap();
+        let versions: Vec<i64> = again
+            .events()
+            .iter()
+            .map(|e| e.envelope.aggregate_version)
+            .collect();
+        if !versions.is_empty() || std::time::Instant::now() > deadline {
+            again.release().await.unwrap();
+            break versions;
+        }
+        again.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(versions, [1, 2, 3], "the 600 s lease was not given back");
+    // A settled claim leaves nothing behind to give back.
+    let claim = other.claim(10).await.unwrap();
+    let ids: Vec<_> = claim.events().iter().map(|e| e.envelope.id).collect();
+    claim
+        .complete(BatchOutcome {
+            published: ids,
+            failed: vec![],
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(db.count("published").await, 3);
 }
 
 #[tokio::test]
