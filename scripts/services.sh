@@ -11,6 +11,8 @@
 #
 # One variable per setting, the names the tools already use:
 #   DATABASE_URL  postgres://postgres@127.0.0.1:5432/postgres (sqlx's name)
+#   MYSQL_URL     mysql://root@127.0.0.1:3306/test (MariaDB, for the
+#                 outbox-mysql tests: `ensure_mariadb`, called by scripts/test.sh)
 #   NATS_URL      nats://127.0.0.1:4222 (the NATS tools' name)
 #   AMQP_URL      amqp://guest:guest@127.0.0.1:5672/%2f
 # All are exported for the programs that follow.
@@ -19,6 +21,7 @@ set -euo pipefail
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 export NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
+export MYSQL_URL=${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}
 
 say() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: FATAL: %s\n' "$*" >&2; exit 1; }
@@ -202,6 +205,54 @@ ensure_rabbitmq() {
         sleep 0.5
     done
     die "RabbitMQ did not come up on port $AMQP_PORT (listening: $(who_listens "$AMQP_PORT"); see /var/log/rabbitmq)"
+}
+
+# Whether a MySQL/MariaDB server lets MYSQL_URL's user in over TCP.
+mysql_answers() {
+    local rest=${MYSQL_URL#*://} creds user pass=
+    creds=${rest%%@*}
+    user=${creds%%:*}
+    [[ $creds == *:* ]] && pass=${creds#*:}
+    command -v mariadb >/dev/null || apt_install mariadb-client >/dev/null 2>&1 || return 1
+    mariadb --protocol=tcp -h "$(url_host "$MYSQL_URL")" -P "$(url_port "$MYSQL_URL" 3306)" \
+        -u "$user" ${pass:+"-p$pass"} -e 'SELECT 1' >/dev/null 2>&1
+}
+
+# MariaDB for the outbox-mysql tests (MYSQL_URL): started when installed
+# but down, installed from Debian's packages when missing. A fresh install
+# lets root in only over the local socket: then an `outbox` user with
+# password `outbox` is created for TCP and MYSQL_URL points at it.
+ensure_mariadb() {
+    local host port
+    host=$(url_host "$MYSQL_URL")
+    port=$(url_port "$MYSQL_URL" 3306)
+    if port_open "$host" "$port"; then
+        mysql_answers && return 0
+    else
+        case $host in
+            127.0.0.1|localhost) ;;
+            *) die "MariaDB at $host:$port (MYSQL_URL) is not reachable, and it is not on this machine" ;;
+        esac
+        if [ ! -x /usr/sbin/mariadbd ]; then
+            apt_install mariadb-server mariadb-client || die "MariaDB is not installed and cannot be installed (apt package mariadb-server)"
+        fi
+        say "MariaDB is down on port $port; starting it"
+        mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+        start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql \
+            || die "could not start mariadbd"
+        wait_port 127.0.0.1 "$port" MariaDB
+        for _ in $(seq 1 60); do
+            mysql_answers && return 0
+            sleep 0.5
+        done
+    fi
+    # The server runs but lets the URL's user not in over TCP (a fresh
+    # install): make a user for the tests through the local socket.
+    mariadb -u root -e "CREATE USER IF NOT EXISTS 'outbox'@'%' IDENTIFIED BY 'outbox';
+                        GRANT ALL PRIVILEGES ON *.* TO 'outbox'@'%'; FLUSH PRIVILEGES;" 2>/dev/null \
+        || die "MariaDB at $host:$port refuses MYSQL_URL's user, and no user could be made through the local socket"
+    export MYSQL_URL="mysql://outbox:outbox@$host:$port/mysql"
+    mysql_answers || die "MariaDB at $host:$port refuses the user made for the tests"
 }
 
 # librdkafka (built from source by the rdkafka crate for outbox-kafka)

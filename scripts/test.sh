@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace against real services: makes sure
-# PostgreSQL, NATS JetStream and RabbitMQ are up (starting them when
+# PostgreSQL, NATS JetStream, RabbitMQ and MariaDB are up (starting them when
 # installed but down) and a C toolchain for librdkafka is there (Kafka's
 # tests use librdkafka's in-process mock cluster), then runs the unit, ui (trybuild), behaviour, integration and
 # fault-injection tests, the schema registry check, and the alert rules
@@ -11,5 +11,6 @@ source scripts/services.sh
 ensure_c_toolchain
 ensure_tansu
 ensure_promtool
+ensure_mariadb
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

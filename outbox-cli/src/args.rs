@@ -14,8 +14,9 @@ use clap::{Args, Parser, Subcommand};
                   Payloads are shown redacted: the `redact` fields of event types whose contracts are linked into this binary, every value of other event types (or only --redact-keys)."
 )]
 pub(crate) struct Cli {
-    /// The service's database: `postgres://…`, or a SQLite file
-    /// (`sqlite://app.db`; the relay's commands, not the consumer's).
+    /// The service's database: `postgres://…`, a SQLite file
+    /// (`sqlite://app.db`) or MySQL/MariaDB (`mysql://…`); on the last
+    /// two the relay's commands, not the consumer's.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// The schema that holds the outbox tables (PostgreSQL).

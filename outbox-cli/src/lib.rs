@@ -11,12 +11,13 @@
 //! bad usage, a refused repair or no database. The runbook is
 //! `docs/operations.md` in the repository.
 //!
-//! `--database-url` takes PostgreSQL (`postgres://…`) or a SQLite file
-//! (`sqlite://app.db`, the `outbox-sqlite` store). On SQLite the relay's
+//! `--database-url` takes PostgreSQL (`postgres://…`), a SQLite file
+//! (`sqlite://app.db`, the `outbox-sqlite` store) or MySQL/MariaDB
+//! (`mysql://…`, the `outbox-mysql` store). On SQLite and MySQL the relay's
 //! commands run through [`outbox_core::ops::OperationsStore`] unchanged
 //! (`status`, `failed`, `events`, `blocked`, `audit`, `cleanup`,
 //! `migrate`); the consumer's (`quarantine`, `dead-letters`, `positions`)
-//! exit 2 with the reason: that store keeps no consumer tables yet.
+//! exit 2 with the reason: those stores keep no consumer tables yet.
 //!
 //! The tool shows payloads through the contracts linked into it: fields
 //! marked `#[outbox(redact)]` are masked, and event types it has no
@@ -136,6 +137,9 @@ async fn execute(cli: Cli) -> Outcome {
     if is_sqlite_url(&url) {
         return sqlite(&url, cli.command, redaction, &out).await;
     }
+    if is_mysql_url(&url) {
+        return mysql(&url, cli.command, redaction, &out).await;
+    }
     let schema = SchemaName::new(cli.schema.clone()).map_err(|e| e.to_string())?;
     let pool = PgPoolOptions::new()
         .max_connections(2)
@@ -250,6 +254,63 @@ async fn sqlite(url: &str, command: Command, redaction: Redaction, out: &Output)
     relay_command(&ops, out, command).await
 }
 
+/// Whether `url` names a MySQL or MariaDB database (`mysql://…`,
+/// `mariadb://…`).
+fn is_mysql_url(url: &str) -> bool {
+    url.starts_with("mysql:") || url.starts_with("mariadb:")
+}
+
+/// The commands on a MySQL/MariaDB outbox: `migrate` creates the tables;
+/// every other command needs them. A server without `SKIP LOCKED` is
+/// refused with its version. The consumer's commands are refused: the
+/// MySQL store keeps no consumer tables yet.
+async fn mysql(url: &str, command: Command, redaction: Redaction, out: &Output) -> Outcome {
+    let url = url.replacen("mariadb:", "mysql:", 1);
+    let options = <sqlx::mysql::MySqlConnectOptions as std::str::FromStr>::from_str(&url)
+        .map_err(|e| format!("not a MySQL database URL: {e}"))?;
+    let database = options.get_database().unwrap_or_default().to_owned();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|e| format!("cannot connect to the database: {e}"))?;
+    outbox_mysql::check_server(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Command::Migrate = command {
+        outbox_mysql::migrate(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        if out.json {
+            println!(
+                "{}",
+                serde_json::json!({ "database": database, "migrated": true, "schema_version": outbox_mysql::SCHEMA_VERSION })
+            );
+        } else {
+            println!(
+                "database {database} migrated (schema version {})",
+                outbox_mysql::SCHEMA_VERSION
+            );
+        }
+        return Ok(EXIT_OK);
+    }
+    let migrated: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.tables
+         WHERE table_schema = DATABASE() AND table_name = 'outbox_events'",
+    )
+    .fetch_one(&pool)
+    .await
+    .map_err(|e| format!("cannot read the database: {e}"))?;
+    if migrated == 0 {
+        return Err(format!(
+            "database {database} has no outbox tables: run `outbox --database-url … migrate` (or the service's migrate) first"
+        ));
+    }
+    let ops = outbox_mysql::MySqlOps::new(pool).with_redaction(redaction);
+    relay_command(&ops, out, command).await
+}
+
 /// Runs a command on the relay's side of any store (status, events,
 /// blocked aggregates, the audit, repairs, cleanup). The consumer's
 /// commands are refused here: on PostgreSQL they are run before this.
@@ -300,7 +361,7 @@ async fn relay_command<O: OperationsStore>(ops: &O, out: &Output, command: Comma
             cleanup(ops, out, &plan, &who).await
         }
         Command::Quarantine { .. } | Command::DeadLetters { .. } | Command::Positions { .. } => {
-            Err("quarantine, dead letters and positions are a consumer's tables, which this store does not keep (the SQLite store has the relay's side only so far): run consumers on PostgreSQL".to_owned())
+            Err("quarantine, dead letters and positions are a consumer's tables, which this store does not keep (the SQLite and MySQL stores have the relay's side only so far): run consumers on PostgreSQL".to_owned())
         }
         Command::Migrate | Command::Registry { .. } => Ok(EXIT_OK),
     }

@@ -232,6 +232,32 @@ impl EventDraft {
         self.traceparent = Some(traceparent.to_string());
         self
     }
+
+    /// The order in which a store writes `drafts` (indexes into it): as
+    /// given, except that each aggregate's carried versions take the places
+    /// of that aggregate's carried drafts in ascending version order, so a
+    /// batch may carry an aggregate's versions in any order. Drafts with
+    /// versions from the store's counter keep their places.
+    pub fn write_order(drafts: &[EventDraft]) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..drafts.len()).collect();
+        let mut carried: Vec<usize> = (0..drafts.len())
+            .filter(|&i| drafts[i].aggregate_version.is_some())
+            .collect();
+        let aggregate = |i: usize| (drafts[i].aggregate_type, drafts[i].aggregate_id.as_str());
+        // Group the carried drafts per aggregate, then hand each
+        // aggregate's places to its drafts in version order.
+        carried.sort_by(|&a, &b| aggregate(a).cmp(&aggregate(b)));
+        for group in carried.chunk_by(|&a, &b| aggregate(a) == aggregate(b)) {
+            let mut places: Vec<usize> = group.to_vec();
+            places.sort_unstable();
+            let mut by_version: Vec<usize> = group.to_vec();
+            by_version.sort_by_key(|&i| drafts[i].aggregate_version);
+            for (place, draft) in places.into_iter().zip(by_version) {
+                order[place] = draft;
+            }
+        }
+        order
+    }
 }
 
 impl Outbox {

@@ -125,41 +125,12 @@ impl SqliteOutbox {
         }
         require_transaction(conn)?;
         let mut emitted = vec![None; drafts.len()];
-        for index in write_order(&drafts) {
+        for index in EventDraft::write_order(&drafts) {
             emitted[index] = Some(write(conn, &drafts[index]).await?);
         }
         wake_relays();
         Ok(emitted.into_iter().flatten().collect())
     }
-}
-
-/// The order to write `drafts` in: as given, except that each aggregate's
-/// carried versions take the places of that aggregate's carried drafts in
-/// ascending version order.
-fn write_order(drafts: &[EventDraft]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..drafts.len()).collect();
-    let mut carried: Vec<usize> = (0..drafts.len())
-        .filter(|&i| drafts[i].aggregate_version().is_some())
-        .collect();
-    // Group the carried drafts per aggregate (stable: first appearance),
-    // then hand each aggregate's places to its drafts in version order.
-    carried.sort_by(|&a, &b| {
-        (drafts[a].aggregate_type(), drafts[a].aggregate_id())
-            .cmp(&(drafts[b].aggregate_type(), drafts[b].aggregate_id()))
-    });
-    for group in carried.chunk_by(|&a, &b| {
-        (drafts[a].aggregate_type(), drafts[a].aggregate_id())
-            == (drafts[b].aggregate_type(), drafts[b].aggregate_id())
-    }) {
-        let mut places: Vec<usize> = group.to_vec();
-        places.sort_unstable();
-        let mut by_version: Vec<usize> = group.to_vec();
-        by_version.sort_by_key(|&i| drafts[i].aggregate_version());
-        for (place, draft) in places.into_iter().zip(by_version) {
-            order[place] = draft;
-        }
-    }
-    order
 }
 
 fn require_transaction(conn: &SqliteConnection) -> Result<(), EmitError> {

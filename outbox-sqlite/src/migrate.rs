@@ -101,7 +101,8 @@ CREATE TABLE outbox_audit (
 ";
 
 /// Migration 2: skipped events through their own partial index, so an
-/// operator's status and listings never scan the published history.
+/// operator's listings and backlog figures read only unpublished rows
+/// (the status's row count still counts every row).
 const MIGRATION_2: &str = "
 CREATE INDEX outbox_events_skipped ON outbox_events (seq) WHERE status = 'skipped';
 ";

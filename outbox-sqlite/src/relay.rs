@@ -268,11 +268,12 @@ fn decode_claimed(row: &SqliteRow) -> Result<ClaimedEvent, sqlx::Error> {
 }
 
 /// Events leased to one worker until they are completed, released, or the
-/// lease runs out. Dropped unsettled (a worker that panicked or was
-/// aborted mid-batch), it gives its lease back at once, as a PostgreSQL
+/// lease runs out. Dropped unsettled (a worker that panicked mid-batch),
+/// it gives its lease back at once (a spawned release), as a PostgreSQL
 /// claim's transaction rolls back: the events are claimed again (and
 /// published again: at least once) without waiting for the lease to run
-/// out. Only a process that dies waits for the lease.
+/// out. A process that dies, or a runtime shutting down before the release
+/// runs, leaves the lease to run out.
 #[derive(Debug)]
 pub struct SqliteClaim {
     pool: SqlitePool,

@@ -13,6 +13,7 @@ pub mod events;
 pub mod faults;
 pub mod jetstream;
 pub mod metrics;
+pub mod mysql;
 pub mod nats;
 pub mod pgcluster;
 pub mod ports;

@@ -211,7 +211,8 @@ async fn death_between_ack_and_mark_publishes_again<S: StoreUnderTest>() {
     failpoint::arm(AFTER_PUBLISH, Action::Panic, 1);
     // The worker panics after the broker acknowledged its first batch and
     // before the outcome is recorded; the supervisor restarts it. A store
-    // that leases rows gives them back after `claim_timeout`.
+    // that leases rows gives them back when the dropped claim releases
+    // them, or at the latest after `claim_timeout`.
     let relay = store
         .start_relay(
             transport.clone(),

@@ -165,6 +165,8 @@ async fn an_incident_on_a_sqlite_file_is_found_repaired_and_audited_with_the_cli
         async move { transport.published_count() == 4 }
     })
     .await;
+    // Every outcome recorded before the tool looks.
+    relay.drain(Duration::from_secs(5)).await.unwrap();
     let versions: Vec<i64> = transport
         .published()
         .iter()
@@ -197,5 +199,4 @@ async fn an_incident_on_a_sqlite_file_is_found_repaired_and_audited_with_the_cli
     );
     let published = json(&url, &["events", "list", "--status", "published"], 0);
     assert_eq!(published["items"].as_array().unwrap().len(), 4);
-    relay.drain(Duration::from_secs(5)).await.unwrap();
 }

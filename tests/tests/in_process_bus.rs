@@ -257,11 +257,24 @@ async fn without_a_subscriber_the_transport_is_down_and_refuses_to_publish() {
 
     let source = bus.subscribe("later");
     assert_eq!(transport.health().await, TransportHealth::Up);
-    // A consumer that goes away leaves no subscription behind.
+    // A subscribed consumer that stops holds publishing back: it would
+    // miss the events otherwise.
     drop(source);
+    let TransportHealth::Down { reason } = transport.health().await else {
+        panic!("up while a subscribed consumer is not running");
+    };
+    assert!(reason.contains("consumer later"), "{reason}");
+    let refused = transport.publish(&[&envelope]).await;
+    assert!(refused[0].as_ref().is_err_and(|f| f.retryable));
+    assert_eq!(bus.subscribers(), ["later"]);
+    // Subscribing again lets it go on; unsubscribing removes it for good.
+    let again = bus.subscribe("later");
+    assert_eq!(transport.health().await, TransportHealth::Up);
+    drop(again);
+    assert!(bus.unsubscribe("later"));
+    assert!(bus.subscribers().is_empty());
     assert!(matches!(
         transport.health().await,
         TransportHealth::Down { .. }
     ));
-    assert!(bus.subscribers().is_empty());
 }

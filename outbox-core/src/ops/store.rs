@@ -10,7 +10,9 @@
 //! seam yet: only the PostgreSQL store keeps consumer tables
 //! ([`Ops::letters`], [`Ops::request_replay`], …).
 //!
-//! Every method returns a `Send` future, so a generic caller can spawn it.
+//! Every method returns a `Send` future, so a generic caller can run it on
+//! a multi-threaded runtime (it borrows its arguments: wrap it in an
+//! `async move` block that owns them to spawn it).
 
 use std::future::Future;
 

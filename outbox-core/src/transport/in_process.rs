@@ -10,12 +10,17 @@
 //!   settles, fails the publish (retryable): the event stays pending and
 //!   the relay's backoff delivers it again, to every subscriber (those that
 //!   applied it find it in their inbox);
-//! - with no consumer subscribed the transport reports itself down, so the
-//!   relay claims nothing and events wait with their attempts untouched.
+//! - with no consumer subscribed, or a subscribed one not running (its
+//!   last source dropped: the task stopped or panicked), the transport
+//!   reports itself down and refuses to publish (retryable), so no event is
+//!   marked published that a subscribed consumer has not committed.
 //!
-//! Consumers subscribe by name; several sources of one name (instances of
-//! one consumer) share its queue and compete for its messages. A name's
-//! queue lives as long as one of its sources does.
+//! Consumers subscribe by name, before the relay starts; several sources
+//! of one name (instances of one consumer) share its queue and compete for
+//! its messages. A subscription lasts as long as the bus: a consumer that
+//! stops holds publishing back until it subscribes again (a new source of
+//! the same name), or until [`InProcessBus::unsubscribe`] removes it for
+//! good.
 //!
 //! ```no_run
 //! # async fn example(pool: sqlx::PgPool, consumer: outbox_core::consumer::Consumer) -> Result<(), Box<dyn std::error::Error>> {
@@ -89,12 +94,26 @@ impl Subscription {
 struct Subscriptions(Mutex<Vec<Arc<Subscription>>>);
 
 impl Subscriptions {
-    /// The subscriptions whose consumers are still there.
-    fn live(&self) -> Vec<Arc<Subscription>> {
-        let mut all = lock(&self.0);
-        all.retain(|s| !s.sender.is_closed());
-        all.clone()
+    /// Every subscription, running or not.
+    fn all(&self) -> Vec<Arc<Subscription>> {
+        lock(&self.0).clone()
     }
+
+    /// Why publishing must wait now: no subscription, or one whose
+    /// consumer is not running.
+    fn not_ready(&self) -> Option<String> {
+        let all = lock(&self.0);
+        if all.is_empty() {
+            return Some(NO_SUBSCRIBER.to_owned());
+        }
+        all.iter()
+            .find(|s| s.sender.is_closed())
+            .map(|s| not_running(&s.name))
+    }
+}
+
+fn not_running(name: &str) -> String {
+    format!("consumer {name} is subscribed to the in-process bus but not running")
 }
 
 /// The bus: subscribe consumers with [`subscribe`](InProcessBus::subscribe)
@@ -119,25 +138,41 @@ impl InProcessBus {
     pub fn subscribe(&self, name: impl Into<String>) -> InProcessSource {
         let name = name.into();
         let mut all = lock(&self.subscriptions.0);
-        all.retain(|s| !s.sender.is_closed());
-        if let Some(existing) = all.iter().find(|s| s.name == name)
-            && let Some(receiver) = existing.receiver.upgrade()
+        let existing = all.iter().position(|s| s.name == name);
+        if let Some(index) = existing
+            && let Some(receiver) = all[index].receiver.upgrade()
         {
             return InProcessSource {
                 receiver,
-                attempts: Arc::clone(&existing.attempts),
+                attempts: Arc::clone(&all[index].attempts),
             };
         }
         let (sender, receiver) = mpsc::unbounded_channel();
         let receiver = Arc::new(tokio::sync::Mutex::new(receiver));
-        let attempts = Attempts::default();
-        all.push(Arc::new(Subscription {
+        // A consumer subscribing again keeps its delivery counts.
+        let attempts = existing
+            .map(|index| Arc::clone(&all[index].attempts))
+            .unwrap_or_default();
+        let subscription = Arc::new(Subscription {
             name,
             sender,
             receiver: Arc::downgrade(&receiver),
             attempts: Arc::clone(&attempts),
-        }));
+        });
+        match existing {
+            Some(index) => all[index] = subscription,
+            None => all.push(subscription),
+        }
         InProcessSource { receiver, attempts }
+    }
+
+    /// Removes the subscription of `name` for good: events are no longer
+    /// held back for it. Returns whether there was one.
+    pub fn unsubscribe(&self, name: &str) -> bool {
+        let mut all = lock(&self.subscriptions.0);
+        let before = all.len();
+        all.retain(|s| s.name != name);
+        all.len() < before
     }
 
     /// The relay's side of the bus.
@@ -147,10 +182,10 @@ impl InProcessBus {
         }
     }
 
-    /// The names of the consumers subscribed now.
+    /// The names of the consumers subscribed (running or not).
     pub fn subscribers(&self) -> Vec<String> {
         self.subscriptions
-            .live()
+            .all()
             .iter()
             .map(|s| s.name.clone())
             .collect()
@@ -168,13 +203,13 @@ const NO_SUBSCRIBER: &str = "no consumer is subscribed to the in-process bus";
 
 impl Transport for InProcessTransport {
     async fn publish(&self, events: &[&Envelope]) -> Vec<Result<(), PublishFailure>> {
-        let subscriptions = self.subscriptions.live();
-        if subscriptions.is_empty() {
+        if let Some(reason) = self.subscriptions.not_ready() {
             return events
                 .iter()
-                .map(|_| Err(PublishFailure::retryable(NO_SUBSCRIBER)))
+                .map(|_| Err(PublishFailure::retryable(reason.clone())))
                 .collect();
         }
+        let subscriptions = self.subscriptions.all();
         let mut results: Vec<Result<(), PublishFailure>> = vec![Ok(()); events.len()];
         let mut waiting = Vec::with_capacity(events.len() * subscriptions.len());
         for (index, envelope) in events.iter().enumerate() {
@@ -189,10 +224,8 @@ impl Transport for InProcessTransport {
                     settle,
                 };
                 if subscription.sender.send(handoff).is_err() {
-                    results[index] = Err(PublishFailure::retryable(format!(
-                        "consumer {} stopped",
-                        subscription.name
-                    )));
+                    results[index] =
+                        Err(PublishFailure::retryable(not_running(&subscription.name)));
                 } else {
                     waiting.push((index, subscription.name.clone(), settled));
                 }
@@ -224,12 +257,9 @@ impl Transport for InProcessTransport {
     }
 
     async fn health(&self) -> TransportHealth {
-        if self.subscriptions.live().is_empty() {
-            TransportHealth::Down {
-                reason: NO_SUBSCRIBER.to_owned(),
-            }
-        } else {
-            TransportHealth::Up
+        match self.subscriptions.not_ready() {
+            Some(reason) => TransportHealth::Down { reason },
+            None => TransportHealth::Up,
         }
     }
 }
@@ -287,6 +317,10 @@ impl MessageSource for InProcessSource {
                 Err(_) => break,
             }
         }
+        // A handoff whose publish stopped waiting (it timed out) is
+        // published again anyway: leave it out rather than let copies pile
+        // up behind a slow consumer.
+        handoffs.retain(|handoff| !handoff.settle.is_closed());
         Ok(handoffs
             .into_iter()
             .map(|handoff| InProcessDelivery {

@@ -214,7 +214,8 @@ impl SqliteOps {
     }
 
     /// Aggregates whose head still blocks them (a failed or a retrying
-    /// head with later events waiting), oldest first.
+    /// head), oldest first. The failed state is read as
+    /// `FailedHeadPolicy::Block` reads it (the default).
     pub async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
         sqlx::query(BLOCKED)
             .bind(limit.clamp(1, 1000))

@@ -1,0 +1,70 @@
+//! MySQL and MariaDB store for outbox: the transactional outbox on MySQL
+//! ≥ 8.0.1 or MariaDB ≥ 10.6 (the first releases with `SKIP LOCKED`).
+//!
+//! - [`MySqlOutbox::emit`] inserts an event in the caller's own
+//!   transaction (`&mut MySqlConnection`), with the next version from a
+//!   per-aggregate counter row (locked until the caller commits, so
+//!   versions follow commit order) or the version the contract carries.
+//! - [`MySqlRelayStore`] is the relay's store seam
+//!   ([`outbox_core::relay::RelayStore`]). A claim is a short READ
+//!   COMMITTED transaction: it locks the heads of aggregates (an event with
+//!   nothing unpublished before it) with `FOR UPDATE SKIP LOCKED`, extends
+//!   each with the versions after it, and leases the rows with a token and
+//!   an expiry; it commits before anything is published. A relay only ever
+//!   starts an aggregate at its head, so two relays, in any processes,
+//!   never publish one aggregate at once; the outcome is written only
+//!   where the token still stands (a fence). READ COMMITTED takes no gap
+//!   locks, so producers inserting during a claim do not wait for it.
+//! - [`MySqlOps`] is the operations API over the tables
+//!   ([`outbox_core::ops::OperationsStore`]): status, listings, the audit
+//!   log, the relay's repairs and retention.
+//! - [`connect`] opens a pool and refuses a server without `SKIP LOCKED`;
+//!   [`migrate`] creates the tables (safe to run again: MySQL has no
+//!   transactional DDL, so every step is idempotent instead).
+//!
+//! Not here yet: the consumer's inbox, ordering and letters (PostgreSQL
+//! only), and the `outbox` CLI on `mysql://` URLs.
+
+mod connect;
+mod emit;
+mod migrate;
+mod ops;
+mod relay;
+
+pub use connect::{ConnectError, ServerVersion, check_server, connect};
+pub use emit::MySqlOutbox;
+pub use migrate::{MigrateError, SCHEMA_VERSION, migrate};
+pub use ops::MySqlOps;
+pub use relay::{MySqlClaim, MySqlRelayStore, MySqlWakeups, start_relay};
+
+/// Milliseconds since the Unix epoch: how every time column is written
+/// (an integer sorts and compares without time-zone questions).
+pub(crate) fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A duration in milliseconds for a time column, saturating.
+pub(crate) fn millis(duration: std::time::Duration) -> i64 {
+    duration.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// A UUID stored as text.
+pub(crate) fn uuid_column(
+    row: &sqlx::mysql::MySqlRow,
+    column: &str,
+) -> Result<uuid::Uuid, sqlx::Error> {
+    let text: String = sqlx::Row::try_get(row, column)?;
+    text.parse()
+        .map_err(|error: uuid::Error| sqlx::Error::Decode(error.into()))
+}
+
+/// A time stored as milliseconds since the epoch.
+pub(crate) fn time_column(
+    row: &sqlx::mysql::MySqlRow,
+    column: &str,
+) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
+    let millis: i64 = sqlx::Row::try_get(row, column)?;
+    chrono::DateTime::from_timestamp_millis(millis).ok_or_else(|| {
+        sqlx::Error::Decode(format!("{column} {millis} is not a time in milliseconds").into())
+    })
+}

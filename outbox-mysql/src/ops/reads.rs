@@ -1,0 +1,318 @@
+//! What an operator reads of the MySQL/MariaDB outbox: the status (backlog per
+//! event type, blocked aggregates, problems), events by status with the
+//! filters and keyset pages of the PostgreSQL store, one event, the audit
+//! log. Payloads are shown through the [`Redaction`](outbox_core::ops::Redaction).
+//!
+//! Each listing reads one status through the `(status, seq)` index; times
+//! are stored as milliseconds and shown as UTC times.
+
+use chrono::{DateTime, Utc};
+use outbox_core::ops::{
+    AuditRecord, Backlog, BlockedRecord, EventFilter, EventRecord, EventStatus, EventTypeBacklog,
+    OpsError, Page, Status, StatusOptions, status_problems,
+};
+use sqlx::Row;
+use sqlx::mysql::MySqlRow;
+use uuid::Uuid;
+
+use super::{MySqlOps, database};
+use crate::relay::BLOCKED;
+use crate::{time_column, uuid_column};
+
+/// The columns of an event record; `next_attempt_at` 0 (due at once) is
+/// shown as the emit time.
+macro_rules! event_columns {
+    () => {
+        "id, seq, event_type, schema_version, aggregate_type, aggregate_id, aggregate_version,
+         payload, traceparent, created_at, status, published_at, attempt_count,
+         GREATEST(next_attempt_at, created_at) AS next_attempt_at, last_error, failed_at"
+    };
+}
+
+/// Events of one status (a literal, so the status's partial index serves
+/// it) with optional filters. Binds (each filter twice): event type,
+/// aggregate type, aggregate id, since ms, until ms, error text, after
+/// seq; then the limit.
+macro_rules! events_with_status {
+    ($status:literal) => {
+        concat!(
+            "SELECT ",
+            event_columns!(),
+            " FROM outbox_events WHERE status = '",
+            $status,
+            "'
+               AND (? IS NULL OR event_type = ?)
+               AND (? IS NULL OR aggregate_type = ?)
+               AND (? IS NULL OR aggregate_id = ?)
+               AND (? IS NULL OR COALESCE(failed_at, created_at) >= ?)
+               AND (? IS NULL OR COALESCE(failed_at, created_at) < ?)
+               AND (? IS NULL OR LOCATE(LOWER(?), LOWER(COALESCE(last_error, ''))) > 0)
+               AND (? IS NULL OR seq > ?)
+             ORDER BY seq LIMIT ?"
+        )
+    };
+}
+
+const EVENT: &str = concat!(
+    "SELECT ",
+    event_columns!(),
+    " FROM outbox_events WHERE id = ?"
+);
+
+/// Per event type with anything unpublished: each arm reads one status
+/// through its partial index.
+const PER_EVENT_TYPE: &str = "
+SELECT event_type,
+       COUNT(CASE WHEN status = 'pending' AND attempt_count = 0 THEN 1 END) AS pending,
+       COUNT(CASE WHEN status = 'pending' AND attempt_count > 0 THEN 1 END) AS retrying,
+       COUNT(CASE WHEN status = 'failed' THEN 1 END) AS failed,
+       COUNT(CASE WHEN status = 'skipped' THEN 1 END) AS skipped,
+       MIN(CASE WHEN status = 'pending' THEN created_at END) AS oldest_pending
+FROM (
+    SELECT event_type, status, attempt_count, created_at FROM outbox_events WHERE status = 'pending'
+    UNION ALL
+    SELECT event_type, status, attempt_count, created_at FROM outbox_events WHERE status = 'failed'
+    UNION ALL
+    SELECT event_type, status, attempt_count, created_at FROM outbox_events WHERE status = 'skipped'
+) AS unpublished
+GROUP BY event_type ORDER BY event_type";
+
+/// Audit rows, newest first. Binds: before id, limit.
+const AUDIT: &str = "
+SELECT id, at, operator, reason, action, target, ids, outcomes FROM outbox_audit
+WHERE (? IS NULL OR id < ?) ORDER BY id DESC LIMIT ?";
+
+fn page_limit(limit: Option<i64>) -> i64 {
+    limit.unwrap_or(50).clamp(1, 1000)
+}
+
+/// A page of a listing asked for `limit` rows: a full page has a next one.
+fn page<T>(items: Vec<T>, limit: i64, cursor: impl Fn(&T) -> i64) -> Page<T> {
+    let next = if items.len() as i64 == limit {
+        items.last().map(cursor)
+    } else {
+        None
+    };
+    Page { items, next }
+}
+
+fn age(at: Option<i64>) -> Option<f64> {
+    at.map(|ms| ((crate::now_ms() - ms).max(0) as f64) / 1000.0)
+}
+
+fn optional_time(row: &MySqlRow, column: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    let millis: Option<i64> = row.try_get(column)?;
+    millis
+        .map(|ms| {
+            DateTime::from_timestamp_millis(ms).ok_or_else(|| {
+                sqlx::Error::Decode(format!("{column} {ms} is not a time in milliseconds").into())
+            })
+        })
+        .transpose()
+}
+
+impl MySqlOps {
+    /// The outbox at a glance. `schema` is the database; the figures only
+    /// PostgreSQL has are empty (dead tuples 0, no relay workers or
+    /// partitions: MySQL relays lease rows), and there are no consumers
+    /// (this store keeps no consumer tables yet).
+    pub async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {
+        let live: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_events")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(database("counting events"))?;
+        let mut oldest: Option<i64> = None;
+        let event_types = sqlx::query(PER_EVENT_TYPE)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database("counting per event type"))?
+            .iter()
+            .map(|row| {
+                let oldest_here: Option<i64> = row.try_get("oldest_pending")?;
+                oldest = match (oldest, oldest_here) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                Ok(EventTypeBacklog {
+                    event_type: row.try_get("event_type")?,
+                    pending: row.try_get("pending")?,
+                    retrying: row.try_get("retrying")?,
+                    failed: row.try_get("failed")?,
+                    skipped: row.try_get("skipped")?,
+                    oldest_pending_age_seconds: age(oldest_here),
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(database("reading counts per event type"))?;
+        let backlog = Backlog {
+            pending: event_types.iter().map(|t| t.pending).sum(),
+            retrying: event_types.iter().map(|t| t.retrying).sum(),
+            failed: event_types.iter().map(|t| t.failed).sum(),
+            skipped: event_types.iter().map(|t| t.skipped).sum(),
+            oldest_pending_age_seconds: age(oldest),
+            dead_tuples: 0,
+            live_tuples: live,
+        };
+        let blocked = self.blocked(options.blocked_limit).await?;
+        let problems = status_problems(&backlog, &blocked, &[], options);
+        Ok(Status {
+            schema: self
+                .pool
+                .connect_options()
+                .get_database()
+                .unwrap_or_default()
+                .to_owned(),
+            backlog,
+            event_types,
+            blocked,
+            consumers: Vec::new(),
+            relay_workers: Vec::new(),
+            partitions: 0,
+            problems,
+        })
+    }
+
+    /// Events with a status, filtered, oldest first.
+    pub async fn events(&self, filter: &EventFilter) -> Result<Page<EventRecord>, OpsError> {
+        let limit = page_limit(filter.limit);
+        let statement = match filter.status {
+            EventStatus::Pending => events_with_status!("pending"),
+            EventStatus::Published => events_with_status!("published"),
+            EventStatus::Failed => events_with_status!("failed"),
+            EventStatus::Skipped => events_with_status!("skipped"),
+        };
+        let since = filter.since.map(|t| t.timestamp_millis());
+        let until = filter.until.map(|t| t.timestamp_millis());
+        let rows = sqlx::query(statement)
+            .bind(&filter.event_type)
+            .bind(&filter.event_type)
+            .bind(&filter.aggregate_type)
+            .bind(&filter.aggregate_type)
+            .bind(&filter.aggregate_id)
+            .bind(&filter.aggregate_id)
+            .bind(since)
+            .bind(since)
+            .bind(until)
+            .bind(until)
+            .bind(&filter.error_contains)
+            .bind(&filter.error_contains)
+            .bind(filter.after)
+            .bind(filter.after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database("listing events"))?;
+        let items = rows
+            .iter()
+            .map(|row| self.event_record(row))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(database("reading events"))?;
+        Ok(page(items, limit, |e| e.seq))
+    }
+
+    /// One event by id.
+    pub async fn event(&self, id: Uuid) -> Result<Option<EventRecord>, OpsError> {
+        sqlx::query(EVENT)
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(database("reading an event"))?
+            .map(|row| self.event_record(&row))
+            .transpose()
+            .map_err(database("reading an event"))
+    }
+
+    /// Aggregates whose head still blocks them (a failed or a retrying
+    /// head with later events waiting), oldest first.
+    pub async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
+        sqlx::query(BLOCKED)
+            .bind(false)
+            .bind(false)
+            .bind(limit.clamp(1, 1000))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database("listing blocked aggregates"))?
+            .iter()
+            .map(|row| {
+                Ok(BlockedRecord {
+                    aggregate_type: row.try_get("aggregate_type")?,
+                    aggregate_id: row.try_get("aggregate_id")?,
+                    head_event_id: uuid_column(row, "id")?,
+                    head_status: row.try_get("status")?,
+                    last_error: row.try_get("last_error")?,
+                    blocked_since: time_column(row, "since")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(database("reading blocked aggregates"))
+    }
+
+    /// Audit rows, newest first; `before` is a page's `next`.
+    pub async fn audit(
+        &self,
+        before: Option<i64>,
+        limit: Option<i64>,
+    ) -> Result<Page<AuditRecord>, OpsError> {
+        let limit = page_limit(limit);
+        let items = sqlx::query(AUDIT)
+            .bind(before)
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database("listing the audit"))?
+            .iter()
+            .map(audit_record)
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(database("reading the audit"))?;
+        Ok(page(items, limit, |a| a.id))
+    }
+
+    fn event_record(&self, row: &MySqlRow) -> Result<EventRecord, sqlx::Error> {
+        let event_type: String = row.try_get("event_type")?;
+        let schema_version: i32 = row.try_get("schema_version")?;
+        let payload: String = row.try_get("payload")?;
+        let attempts: i32 = row.try_get("attempt_count")?;
+        Ok(EventRecord {
+            id: uuid_column(row, "id")?,
+            seq: row.try_get("seq")?,
+            payload: self.redaction.show(
+                Some(&event_type),
+                u32::try_from(schema_version).ok(),
+                &payload,
+            ),
+            event_type,
+            schema_version,
+            aggregate_type: row.try_get("aggregate_type")?,
+            aggregate_id: row.try_get("aggregate_id")?,
+            aggregate_version: row.try_get("aggregate_version")?,
+            traceparent: row.try_get("traceparent")?,
+            created_at: time_column(row, "created_at")?,
+            status: row.try_get("status")?,
+            published_at: optional_time(row, "published_at")?,
+            attempts,
+            next_attempt_at: time_column(row, "next_attempt_at")?,
+            last_error: row.try_get("last_error")?,
+            failed_at: optional_time(row, "failed_at")?,
+        })
+    }
+}
+
+fn audit_record(row: &MySqlRow) -> Result<AuditRecord, sqlx::Error> {
+    let ids: String = row.try_get("ids")?;
+    let outcomes: Option<String> = row.try_get("outcomes")?;
+    let decode = |e: serde_json::Error| sqlx::Error::Decode(e.into());
+    Ok(AuditRecord {
+        id: row.try_get("id")?,
+        at: time_column(row, "at")?,
+        operator: row.try_get("operator")?,
+        reason: row.try_get("reason")?,
+        action: row.try_get("action")?,
+        target: row.try_get("target")?,
+        ids: serde_json::from_str(&ids).map_err(decode)?,
+        outcomes: match outcomes {
+            Some(text) => serde_json::from_str(&text).map_err(decode)?,
+            None => serde_json::Value::Null,
+        },
+    })
+}

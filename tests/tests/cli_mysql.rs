@@ -1,0 +1,212 @@
+//! The `outbox` CLI on MariaDB (`--database-url mysql://…`, the
+//! `outbox-mysql` store), run as a process: a status on a database without
+//! the outbox tables is refused; `migrate` creates them; a publish failure
+//! blocks an aggregate and
+//! `status --check` names it; `failed show` masks the redacted card
+//! number; `failed retry` without a reason changes nothing, with one it
+//! puts the head back and the relay drains the aggregate in order; the
+//! audit shows the repair; the consumer's commands exit 2 with the reason;
+//! `cleanup` counts before it deletes.
+
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use outbox_core::relay::{Backoff, RelayConfig};
+use outbox_core::transport::PublishFailure;
+use outbox_mysql::MySqlOutbox;
+use outbox_tests::events::CardCharged;
+use outbox_tests::mysql::MySqlTestDb;
+use outbox_tests::transports::RecordingTransport;
+use outbox_tests::wait;
+use serde_json::Value;
+
+const SECRET: u64 = 4_111_999_988_887_777;
+
+fn tool(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outbox-tool"))
+        .env_remove("DATABASE_URL")
+        .args(["--database-url", url])
+        .args(args)
+        .env("USER", "ci-operator")
+        .output()
+        .expect("run outbox-tool")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "exit {:?}\n{}{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn json(url: &str, args: &[&str], code: i32) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let output = tool(url, &all);
+    assert_eq!(output.status.code(), Some(code), "{}", text(&output));
+    serde_json::from_slice(&output.stdout).expect("one JSON document")
+}
+
+fn charge(id: &str, cents: i64) -> CardCharged {
+    CardCharged {
+        charge_id: id.into(),
+        card_number: SECRET,
+        amount_cents: cents,
+    }
+}
+
+fn quick(max_attempts: u32) -> RelayConfig {
+    RelayConfig {
+        poll_interval: Duration::from_millis(20),
+        max_attempts,
+        backoff: Backoff {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(10),
+            multiplier: 1.0,
+            jitter: 0.0,
+        },
+        stats_interval: Duration::ZERO,
+        ..RelayConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incident_on_mariadb_is_found_repaired_and_audited_with_the_cli() {
+    let db = MySqlTestDb::new().await;
+    let url = format!(
+        "{}/{}",
+        outbox_tests::mysql::server_url()
+            .rsplit_once('/')
+            .map(|(server, _)| server.to_owned())
+            .unwrap(),
+        db.name
+    );
+    sqlx::query("DROP TABLE outbox_events")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let missing = tool(&url, &["status"]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    assert!(
+        text(&missing).contains("no outbox tables"),
+        "{}",
+        text(&missing)
+    );
+
+    let migrated = json(&url, &["migrate"], 0);
+    assert_eq!(migrated["migrated"], true);
+    assert_eq!(migrated["schema_version"], outbox_mysql::SCHEMA_VERSION);
+
+    // Three versions of charge-1 and one of charge-2; the broker refuses
+    // charge-1 for good until it is "fixed".
+    let pool = db.pool.clone();
+    let outbox = MySqlOutbox::new();
+    for (id, cents) in [
+        ("charge-1", 100),
+        ("charge-1", 200),
+        ("charge-1", 300),
+        ("charge-2", 50),
+    ] {
+        let mut tx = pool.begin().await.unwrap();
+        outbox.emit(&mut tx, &charge(id, cents)).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let fixed = Arc::new(AtomicBool::new(false));
+    let broker_fixed = Arc::clone(&fixed);
+    let transport = RecordingTransport::failing(move |envelope| {
+        (envelope.aggregate_id == "charge-1" && !broker_fixed.load(Ordering::SeqCst))
+            .then(|| PublishFailure::permanent("message too large for the stream"))
+    });
+    let relay = outbox_mysql::start_relay(pool.clone(), transport.clone(), quick(1))
+        .await
+        .unwrap();
+    wait::until("charge-1's head to fail", Duration::from_secs(20), || {
+        let url = url.clone();
+        async move { json(&url, &["status"], 0)["backlog"]["failed"] == 1 }
+    })
+    .await;
+
+    let status = tool(&url, &["status", "--check"]);
+    assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+    let shown = text(&status);
+    assert!(shown.contains("card/charge-1"), "{shown}");
+    assert!(shown.contains("1 event(s) failed"), "{shown}");
+
+    let failed = json(&url, &["failed", "list"], 0);
+    let head = failed["items"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(failed["items"].as_array().unwrap().len(), 1);
+    assert_eq!(failed["items"][0]["aggregate_version"], 1);
+
+    let show = tool(&url, &["failed", "show", &head]);
+    let shown = text(&show);
+    assert_eq!(show.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("message too large"), "{shown}");
+    assert!(shown.contains("amount_cents"), "{shown}");
+    assert!(!shown.contains(&SECRET.to_string()), "{shown}");
+
+    let refused = tool(&url, &["failed", "retry", "--id", &head]);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert_eq!(
+        json(&url, &["audit", "list"], 0)["items"],
+        Value::Array(vec![])
+    );
+
+    fixed.store(true, Ordering::SeqCst);
+    let report = json(
+        &url,
+        &[
+            "failed",
+            "retry",
+            "--id",
+            &head,
+            "--reason",
+            "stream limit raised in INC-9",
+        ],
+        0,
+    );
+    assert_eq!(report["outcomes"][0]["outcome"], "retried");
+    wait::until("every event published", Duration::from_secs(20), || {
+        let transport = transport.clone();
+        async move { transport.published_count() == 4 }
+    })
+    .await;
+    // Every outcome recorded before the tool looks.
+    relay.drain(Duration::from_secs(5)).await.unwrap();
+    let versions: Vec<i64> = transport
+        .published()
+        .iter()
+        .filter(|e| e.aggregate_id == "charge-1")
+        .map(|e| e.aggregate_version)
+        .collect();
+    assert_eq!(versions, [1, 2, 3]);
+    let healthy = tool(&url, &["status", "--check"]);
+    assert_eq!(healthy.status.code(), Some(0), "{}", text(&healthy));
+
+    let audit = json(&url, &["audit", "list"], 0);
+    let row = &audit["items"][0];
+    assert_eq!(row["action"], "relay.retry");
+    assert_eq!(row["operator"], "ci-operator");
+    assert_eq!(row["reason"], "stream limit raised in INC-9");
+    assert_eq!(row["ids"][0], head.as_str());
+
+    let consumer = tool(&url, &["quarantine", "list", "--consumer", "billing"]);
+    assert_eq!(consumer.status.code(), Some(2), "{}", text(&consumer));
+    assert!(
+        text(&consumer).contains("consumer's tables"),
+        "{}",
+        text(&consumer)
+    );
+
+    let dry = json(&url, &["cleanup", "--older-than", "0s"], 0);
+    assert_eq!(
+        (dry["eligible"].as_i64(), dry["executed"].as_bool()),
+        (Some(4), Some(false))
+    );
+    let published = json(&url, &["events", "list", "--status", "published"], 0);
+    assert_eq!(published["items"].as_array().unwrap().len(), 4);
+    db.drop_database().await;
+}

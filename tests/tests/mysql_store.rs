@@ -1,0 +1,259 @@
+//! The MySQL/MariaDB store (`outbox-mysql`) on MariaDB: emit commits with
+//! the caller's transaction or not at all; versions from the counter are
+//! gap-free in commit order, also with emitters racing on one aggregate;
+//! carried versions are refused out of order or when taken; an idempotency
+//! key makes a repeated command a no-op; cleanup counts before it deletes
+//! and keeps keys for their own retention.
+
+use std::time::Duration;
+
+use outbox_core::audit::RepairRequest;
+use outbox_core::ops::Cleanup;
+use outbox_core::{EmitError, EmitOptions, EmitOutcome};
+use outbox_mysql::{MySqlOps, MySqlOutbox};
+use outbox_tests::events::{PieceMoved, Ticked};
+use outbox_tests::mysql::MySqlTestDb;
+
+#[tokio::test]
+async fn an_event_commits_with_the_business_row_and_a_rollback_leaves_neither() {
+    let db = MySqlTestDb::new().await;
+    sqlx::query("CREATE TABLE counters (id VARCHAR(64) PRIMARY KEY)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let outbox = MySqlOutbox::new();
+    for (id, commit) in [("kept", true), ("gone", false)] {
+        let mut tx = db.pool.begin().await.unwrap();
+        sqlx::query("INSERT INTO counters (id) VALUES (?)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        outbox.emit(&mut tx, &Ticked::new(id, 1)).await.unwrap();
+        if commit {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+    }
+    let counters: Vec<String> = sqlx::query_scalar("SELECT id FROM counters")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(counters, ["kept"]);
+    let events: Vec<(String, i64)> =
+        sqlx::query_as("SELECT aggregate_id, aggregate_version FROM outbox_events")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(events, [("kept".to_owned(), 1)]);
+
+    let mut conn = db.pool.acquire().await.unwrap();
+    let error = outbox
+        .emit(&mut conn, &Ticked::new("autocommit", 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, EmitError::NotInTransaction), "{error}");
+    drop(conn);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_emitters_get_gap_free_versions_in_commit_order() {
+    let db = MySqlTestDb::new().await;
+    let mut tasks = Vec::new();
+    for task in 0..4 {
+        let pool = db.pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let outbox = MySqlOutbox::new();
+            for n in 0..25 {
+                let mut tx = pool.begin().await.unwrap();
+                outbox
+                    .emit(&mut tx, &Ticked::new("hot", task * 100 + n))
+                    .await
+                    .unwrap();
+                // Another aggregate in the same transaction never waits.
+                outbox
+                    .emit(&mut tx, &Ticked::new(format!("cold-{task}"), n))
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let hot: Vec<i64> = sqlx::query_scalar(
+        "SELECT aggregate_version FROM outbox_events WHERE aggregate_id = 'hot' ORDER BY seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        hot,
+        (1..=100).collect::<Vec<i64>>(),
+        "gap-free, in insert (= commit) order"
+    );
+    let rolled_back = {
+        let mut tx = db.pool.begin().await.unwrap();
+        let emitted = MySqlOutbox::new()
+            .emit(&mut tx, &Ticked::new("hot", 0))
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        emitted.aggregate_version
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    let next = MySqlOutbox::new()
+        .emit(&mut tx, &Ticked::new("hot", 0))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        (rolled_back, next.aggregate_version),
+        (101, 101),
+        "a rollback gives its version back"
+    );
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn carried_versions_are_written_in_order_and_refused_out_of_order_or_taken() {
+    let db = MySqlTestDb::new().await;
+    let outbox = MySqlOutbox::new();
+    let moved = |version| PieceMoved::new("p", version);
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox
+        .emit_all(&mut tx, &[moved(3), moved(1), moved(2)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let seq_order: Vec<i64> =
+        sqlx::query_scalar("SELECT aggregate_version FROM outbox_events ORDER BY seq")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(seq_order, [1, 2, 3]);
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let error = outbox.emit(&mut tx, &moved(3)).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            EmitError::VersionConflict {
+                aggregate_version: 3,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    tx.rollback().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let error = outbox.emit(&mut tx, &moved(2)).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            EmitError::VersionOutOfOrder {
+                aggregate_version: 2,
+                newer_version: 3,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    tx.rollback().await.unwrap();
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_repeated_idempotency_key_writes_nothing_and_names_the_first_event() {
+    let db = MySqlTestDb::new().await;
+    let outbox = MySqlOutbox::new();
+    let options = || EmitOptions {
+        idempotency_key: Some("command-42".into()),
+        ..EmitOptions::default()
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    let first = outbox
+        .emit_with(&mut tx, &Ticked::new("k", 1), options())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let EmitOutcome::Emitted(first) = first else {
+        panic!("the first emit was a duplicate");
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    let again = outbox
+        .emit_with(&mut tx, &Ticked::new("k", 1), options())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        again,
+        EmitOutcome::Duplicate {
+            original_event_id: first.event_id
+        }
+    );
+    assert_eq!(db.count("pending").await, 1);
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn cleanup_counts_first_and_keeps_keys_younger_than_their_retention() {
+    let db = MySqlTestDb::new().await;
+    let outbox = MySqlOutbox::new();
+    for key in ["old-command", "recent-command"] {
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox
+            .emit_with(
+                &mut tx,
+                &Ticked::new("k", 1),
+                EmitOptions {
+                    idempotency_key: Some(key.into()),
+                    ..EmitOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let hours_ago = |h: i64| chrono::Utc::now().timestamp_millis() - h * 3_600_000;
+    sqlx::query("UPDATE outbox_events SET status = 'published', published_at = ?")
+        .bind(hours_ago(2))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE outbox_idempotency_keys
+         SET created_at = CASE idempotency_key WHEN 'old-command' THEN ? ELSE ? END",
+    )
+    .bind(hours_ago(8 * 24))
+    .bind(hours_ago(24))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let ops = MySqlOps::new(db.pool.clone());
+    let request = RepairRequest::new("alice", "retention").unwrap();
+    let mut plan = Cleanup::older_than(Duration::from_secs(3600));
+    let dry = ops.cleanup(&plan, &request, |_, _| {}).await.unwrap();
+    assert_eq!(
+        (dry.eligible, dry.keys_eligible, dry.executed),
+        (2, 1, false)
+    );
+    assert_eq!(db.count("published").await, 2);
+    plan.execute = true;
+    let done = ops.cleanup(&plan, &request, |_, _| {}).await.unwrap();
+    assert_eq!((done.deleted, done.keys_deleted), (2, 1));
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT idempotency_key FROM outbox_idempotency_keys")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(keys, ["recent-command"]);
+    let audit = ops.audit(None, Some(1)).await.unwrap().items.remove(0);
+    assert_eq!(Some(audit.id), done.audit_id);
+    assert_eq!(audit.action, "relay.cleanup");
+    assert_eq!(audit.outcomes[0]["deleted"], 2);
+    db.drop_database().await;
+}
