@@ -7,6 +7,7 @@ pub use inventory;
 pub use serde_json::Value;
 pub use serde_json::value::RawValue;
 pub use std::string::String;
+pub use uuid::Uuid;
 
 pub use crate::contract::{CompatibilityMode, EventContract, UpcastKind, UpcastLink};
 pub use crate::registry::ContractEntry;

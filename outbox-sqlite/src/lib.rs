@@ -63,34 +63,6 @@ pub use migrate::{MigrateError, SCHEMA_VERSION, migrate};
 pub use ops::SqliteOps;
 pub use relay::{SqliteClaim, SqliteRelayStore, SqliteWakeups, start_relay};
 
-/// Milliseconds since the Unix epoch: how every time column of the SQLite
-/// store is written (an integer sorts and compares without parsing).
-pub(crate) fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-/// A duration in milliseconds for a time column, saturating.
-pub(crate) fn millis(duration: std::time::Duration) -> i64 {
-    duration.as_millis().min(i64::MAX as u128) as i64
-}
-
-/// A UUID stored as text.
-pub(crate) fn uuid_column(
-    row: &sqlx::sqlite::SqliteRow,
-    column: &str,
-) -> Result<uuid::Uuid, sqlx::Error> {
-    let text: String = sqlx::Row::try_get(row, column)?;
-    text.parse()
-        .map_err(|error: uuid::Error| sqlx::Error::Decode(error.into()))
-}
-
-/// A time stored as milliseconds since the epoch.
-pub(crate) fn time_column(
-    row: &sqlx::sqlite::SqliteRow,
-    column: &str,
-) -> Result<chrono::DateTime<chrono::Utc>, sqlx::Error> {
-    let millis: i64 = sqlx::Row::try_get(row, column)?;
-    chrono::DateTime::from_timestamp_millis(millis).ok_or_else(|| {
-        sqlx::Error::Decode(format!("{column} {millis} is not a time in milliseconds").into())
-    })
-}
+pub(crate) use outbox_core::store::columns::{
+    millis, now_ms, optional_time_column, time_column, uuid_column,
+};

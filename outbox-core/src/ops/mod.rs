@@ -48,7 +48,7 @@ use sqlx::PgPool;
 
 pub use records::{
     AuditRecord, EventFilter, EventRecord, EventStatus, LetterFilter, LetterKind, LetterRecord,
-    Page,
+    Page, page_limit,
 };
 pub use redaction::Redaction;
 pub use repair::{Cleanup, CleanupReport, DEFAULT_KEY_RETENTION, IdOutcome, RepairReport};

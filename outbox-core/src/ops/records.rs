@@ -22,7 +22,7 @@ pub struct Page<T> {
 impl<T> Page<T> {
     /// A page of a listing asked for `limit` rows: a full page has a next
     /// one, starting after (or before) its last item's `cursor`.
-    fn of(items: Vec<T>, limit: i64, cursor: impl Fn(&T) -> i64) -> Page<T> {
+    pub fn of(items: Vec<T>, limit: i64, cursor: impl Fn(&T) -> i64) -> Page<T> {
         let next = if items.len() as i64 == limit {
             items.last().map(cursor)
         } else {
@@ -260,7 +260,9 @@ pub struct AuditRecord {
     pub outcomes: serde_json::Value,
 }
 
-fn page_limit(limit: Option<i64>) -> i64 {
+/// The page size of a listing asked for `limit` rows: 50 by default, 1 to
+/// 1,000.
+pub fn page_limit(limit: Option<i64>) -> i64 {
     limit.unwrap_or(50).clamp(1, 1000)
 }
 

@@ -53,6 +53,26 @@ pub struct Backlog {
     pub live_tuples: i64,
 }
 
+impl Backlog {
+    /// The whole backlog as the sum of its event types' backlogs.
+    pub fn of(
+        event_types: &[EventTypeBacklog],
+        oldest_pending_age_seconds: Option<f64>,
+        dead_tuples: i64,
+        live_tuples: i64,
+    ) -> Backlog {
+        Backlog {
+            pending: event_types.iter().map(|t| t.pending).sum(),
+            retrying: event_types.iter().map(|t| t.retrying).sum(),
+            failed: event_types.iter().map(|t| t.failed).sum(),
+            skipped: event_types.iter().map(|t| t.skipped).sum(),
+            oldest_pending_age_seconds,
+            dead_tuples,
+            live_tuples,
+        }
+    }
+}
+
 /// The backlog of one event type.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EventTypeBacklog {
@@ -196,15 +216,7 @@ impl Ops {
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(OpsError::database("reading counts per event type"))?;
-        let backlog = Backlog {
-            pending: event_types.iter().map(|t| t.pending).sum(),
-            retrying: event_types.iter().map(|t| t.retrying).sum(),
-            failed: event_types.iter().map(|t| t.failed).sum(),
-            skipped: event_types.iter().map(|t| t.skipped).sum(),
-            oldest_pending_age_seconds: age(oldest_pending),
-            dead_tuples,
-            live_tuples,
-        };
+        let backlog = Backlog::of(&event_types, age(oldest_pending), dead_tuples, live_tuples);
         let blocked = self.blocked(options.blocked_limit).await?;
         let consumers = sqlx::query(AssertSqlSafe(self.sql.consumers.as_str()))
             .fetch_all(&self.pool)

@@ -98,72 +98,106 @@ pub trait OperationsStore: Send + Sync {
     ) -> impl Future<Output = Result<CleanupReport, OpsError>> + Send;
 }
 
-impl OperationsStore for Ops {
-    async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {
-        Ops::status(self, options).await
-    }
+/// Implements [`OperationsStore`] for a store's operations type by calling
+/// its inherent methods of the same names and signatures (each store keeps
+/// them inherent, so its users need not import the trait).
+#[macro_export]
+macro_rules! operations_store_by_inherent_methods {
+    ($ops:ty) => {
+        impl $crate::ops::OperationsStore for $ops {
+            async fn status(
+                &self,
+                options: &$crate::ops::StatusOptions,
+            ) -> ::core::result::Result<$crate::ops::Status, $crate::ops::OpsError> {
+                <$ops>::status(self, options).await
+            }
 
-    async fn events(&self, filter: &EventFilter) -> Result<Page<EventRecord>, OpsError> {
-        Ops::events(self, filter).await
-    }
+            async fn events(
+                &self,
+                filter: &$crate::ops::EventFilter,
+            ) -> ::core::result::Result<
+                $crate::ops::Page<$crate::ops::EventRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::events(self, filter).await
+            }
 
-    async fn event(&self, id: Uuid) -> Result<Option<EventRecord>, OpsError> {
-        Ops::event(self, id).await
-    }
+            async fn event(
+                &self,
+                id: $crate::__private::Uuid,
+            ) -> ::core::result::Result<
+                ::core::option::Option<$crate::ops::EventRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::event(self, id).await
+            }
 
-    async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
-        Ops::blocked(self, limit).await
-    }
+            async fn blocked(
+                &self,
+                limit: i64,
+            ) -> ::core::result::Result<
+                ::std::vec::Vec<$crate::ops::BlockedRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::blocked(self, limit).await
+            }
 
-    async fn audit(
-        &self,
-        before: Option<i64>,
-        limit: Option<i64>,
-    ) -> Result<Page<AuditRecord>, OpsError> {
-        Ops::audit(self, before, limit).await
-    }
+            async fn audit(
+                &self,
+                before: ::core::option::Option<i64>,
+                limit: ::core::option::Option<i64>,
+            ) -> ::core::result::Result<
+                $crate::ops::Page<$crate::ops::AuditRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::audit(self, before, limit).await
+            }
 
-    async fn retry_failed(
-        &self,
-        ids: &[Uuid],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        Ops::retry_failed(self, ids, request).await
-    }
+            async fn retry_failed(
+                &self,
+                ids: &[$crate::__private::Uuid],
+                request: &$crate::audit::RepairRequest,
+            ) -> ::core::result::Result<$crate::ops::RepairReport, $crate::ops::OpsError> {
+                <$ops>::retry_failed(self, ids, request).await
+            }
 
-    async fn skip_failed(
-        &self,
-        ids: &[Uuid],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        Ops::skip_failed(self, ids, request).await
-    }
+            async fn skip_failed(
+                &self,
+                ids: &[$crate::__private::Uuid],
+                request: &$crate::audit::RepairRequest,
+            ) -> ::core::result::Result<$crate::ops::RepairReport, $crate::ops::OpsError> {
+                <$ops>::skip_failed(self, ids, request).await
+            }
 
-    async fn republish(
-        &self,
-        ids: &[Uuid],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        Ops::republish(self, ids, request).await
-    }
+            async fn republish(
+                &self,
+                ids: &[$crate::__private::Uuid],
+                request: &$crate::audit::RepairRequest,
+            ) -> ::core::result::Result<$crate::ops::RepairReport, $crate::ops::OpsError> {
+                <$ops>::republish(self, ids, request).await
+            }
 
-    async fn retry_blocked(
-        &self,
-        ids: &[Uuid],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        Ops::retry_blocked(self, ids, request).await
-    }
+            async fn retry_blocked(
+                &self,
+                ids: &[$crate::__private::Uuid],
+                request: &$crate::audit::RepairRequest,
+            ) -> ::core::result::Result<$crate::ops::RepairReport, $crate::ops::OpsError> {
+                <$ops>::retry_blocked(self, ids, request).await
+            }
 
-    async fn cleanup(
-        &self,
-        plan: &Cleanup,
-        request: &RepairRequest,
-        progress: CleanupProgress<'_>,
-    ) -> Result<CleanupReport, OpsError> {
-        Ops::cleanup(self, plan, request, |deleted, eligible| {
-            progress(deleted, eligible)
-        })
-        .await
-    }
+            async fn cleanup(
+                &self,
+                plan: &$crate::ops::Cleanup,
+                request: &$crate::audit::RepairRequest,
+                progress: $crate::ops::CleanupProgress<'_>,
+            ) -> ::core::result::Result<$crate::ops::CleanupReport, $crate::ops::OpsError> {
+                <$ops>::cleanup(self, plan, request, |deleted, eligible| {
+                    progress(deleted, eligible)
+                })
+                .await
+            }
+        }
+    };
 }
+
+crate::operations_store_by_inherent_methods!(Ops);

@@ -1,7 +1,9 @@
 //! The PostgreSQL store: schema name validation, embedded migrations, and
-//! the SQL text of every statement (`sql.rs`), built once per schema.
+//! the SQL text of every statement (`sql.rs`), built once per schema; and
+//! [`columns`], the column conventions the other stores share.
 
 pub(crate) mod audit;
+pub mod columns;
 pub(crate) mod consumer;
 mod migrate;
 pub(crate) mod ops;

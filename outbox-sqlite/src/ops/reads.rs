@@ -7,18 +7,18 @@
 //! published history unless asked for published events); times are stored
 //! as milliseconds and shown as UTC times.
 
-use chrono::{DateTime, Utc};
 use outbox_core::ops::{
     AuditRecord, Backlog, BlockedRecord, EventFilter, EventRecord, EventStatus, EventTypeBacklog,
-    OpsError, Page, Status, StatusOptions, status_problems,
+    OpsError, Page, Status, StatusOptions, page_limit, status_problems,
 };
+use outbox_core::store::columns::age_seconds;
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
 use super::{SqliteOps, database};
 use crate::relay::BLOCKED;
-use crate::{time_column, uuid_column};
+use crate::{optional_time_column, time_column, uuid_column};
 
 /// The columns of an event record; `next_attempt_at` 0 (due at once) is
 /// shown as the emit time.
@@ -82,35 +82,6 @@ const AUDIT: &str = "
 SELECT id, at, operator, reason, action, target, ids, outcomes FROM outbox_audit
 WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2";
 
-fn page_limit(limit: Option<i64>) -> i64 {
-    limit.unwrap_or(50).clamp(1, 1000)
-}
-
-/// A page of a listing asked for `limit` rows: a full page has a next one.
-fn page<T>(items: Vec<T>, limit: i64, cursor: impl Fn(&T) -> i64) -> Page<T> {
-    let next = if items.len() as i64 == limit {
-        items.last().map(cursor)
-    } else {
-        None
-    };
-    Page { items, next }
-}
-
-fn age(at: Option<i64>) -> Option<f64> {
-    at.map(|ms| ((crate::now_ms() - ms).max(0) as f64) / 1000.0)
-}
-
-fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-    let millis: Option<i64> = row.try_get(column)?;
-    millis
-        .map(|ms| {
-            DateTime::from_timestamp_millis(ms).ok_or_else(|| {
-                sqlx::Error::Decode(format!("{column} {ms} is not a time in milliseconds").into())
-            })
-        })
-        .transpose()
-}
-
 impl SqliteOps {
     /// The outbox at a glance. `schema` is the database file; the figures
     /// only PostgreSQL has are empty (dead tuples 0, no relay workers or
@@ -139,20 +110,12 @@ impl SqliteOps {
                     retrying: row.try_get("retrying")?,
                     failed: row.try_get("failed")?,
                     skipped: row.try_get("skipped")?,
-                    oldest_pending_age_seconds: age(oldest_here),
+                    oldest_pending_age_seconds: age_seconds(oldest_here),
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(database("reading counts per event type"))?;
-        let backlog = Backlog {
-            pending: event_types.iter().map(|t| t.pending).sum(),
-            retrying: event_types.iter().map(|t| t.retrying).sum(),
-            failed: event_types.iter().map(|t| t.failed).sum(),
-            skipped: event_types.iter().map(|t| t.skipped).sum(),
-            oldest_pending_age_seconds: age(oldest),
-            dead_tuples: 0,
-            live_tuples: live,
-        };
+        let backlog = Backlog::of(&event_types, age_seconds(oldest), 0, live);
         let blocked = self.blocked(options.blocked_limit).await?;
         let problems = status_problems(&backlog, &blocked, &[], options);
         Ok(Status {
@@ -198,7 +161,7 @@ impl SqliteOps {
             .map(|row| self.event_record(row))
             .collect::<Result<Vec<_>, _>>()
             .map_err(database("reading events"))?;
-        Ok(page(items, limit, |e| e.seq))
+        Ok(Page::of(items, limit, |e| e.seq))
     }
 
     /// One event by id.
@@ -255,7 +218,7 @@ impl SqliteOps {
             .map(audit_record)
             .collect::<Result<Vec<_>, sqlx::Error>>()
             .map_err(database("reading the audit"))?;
-        Ok(page(items, limit, |a| a.id))
+        Ok(Page::of(items, limit, |a| a.id))
     }
 
     fn event_record(&self, row: &SqliteRow) -> Result<EventRecord, sqlx::Error> {
@@ -279,11 +242,11 @@ impl SqliteOps {
             traceparent: row.try_get("traceparent")?,
             created_at: time_column(row, "created_at")?,
             status: row.try_get("status")?,
-            published_at: optional_time(row, "published_at")?,
+            published_at: optional_time_column(row, "published_at")?,
             attempts: i32::try_from(attempts).unwrap_or(i32::MAX),
             next_attempt_at: time_column(row, "next_attempt_at")?,
             last_error: row.try_get("last_error")?,
-            failed_at: optional_time(row, "failed_at")?,
+            failed_at: optional_time_column(row, "failed_at")?,
         })
     }
 }
