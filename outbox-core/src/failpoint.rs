@@ -7,6 +7,10 @@
 pub const AFTER_PUBLISH: &str = "relay::after_publish";
 /// Relay: a claim came back with events, nothing of it is published yet.
 pub const AFTER_CLAIM: &str = "relay::after_claim";
+/// Relay store (MySQL/MariaDB): the claim transaction has locked and
+/// leased its rows and not committed yet; a test checks here that
+/// producers are not held up by a claim in flight.
+pub const IN_CLAIM: &str = "relay::in_claim";
 /// Consumer: after the inbox row and the effect committed, before the
 /// broker message is acknowledged.
 pub const CONSUMER_AFTER_COMMIT: &str = "consumer::after_commit";
@@ -105,7 +109,8 @@ mod active {
         }
     }
 
-    pub(crate) async fn hit(name: &'static str) {
+    /// Does what the failpoint `name` is armed to do, if it is armed.
+    pub async fn hit(name: &'static str) {
         let action = {
             let mut table = table().lock().unwrap_or_else(|e| e.into_inner());
             match table.get_mut(name) {
@@ -139,8 +144,9 @@ mod active {
 pub use active::{arm, arm_from_env, disarm, is_paused, release};
 
 #[cfg(feature = "failpoints")]
-pub(crate) use active::hit;
+pub use active::hit;
 
+/// Does what the failpoint `name` is armed to do (nothing: this build has
+/// no `failpoints` feature). Stores call it at their own windows.
 #[cfg(not(feature = "failpoints"))]
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(crate) async fn hit(_name: &'static str) {}
+pub async fn hit(_name: &'static str) {}

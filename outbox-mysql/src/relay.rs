@@ -226,6 +226,7 @@ impl MySqlRelayStore {
             .bind(token)
             .fetch_all(&mut *tx)
             .await?;
+        outbox_core::failpoint::hit(outbox_core::failpoint::IN_CLAIM).await;
         tx.commit().await?;
         Ok(rows)
     }

@@ -19,6 +19,7 @@ pub mod pgcluster;
 pub mod ports;
 pub mod proxy;
 pub mod rabbitnode;
+pub mod relay_processes;
 pub mod statements;
 pub mod stats;
 pub mod store_conformance;

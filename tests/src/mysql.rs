@@ -58,6 +58,22 @@ impl MySqlTestDb {
         MySqlTestDb { pool, name, server }
     }
 
+    /// A URL of this database (the server's URL with its name), for
+    /// processes and tools that connect by URL.
+    pub fn url(&self) -> String {
+        let server = server_url();
+        let (base, query) = match server.split_once('?') {
+            Some((base, query)) => (base.to_owned(), format!("?{query}")),
+            None => (server.clone(), String::new()),
+        };
+        let authority_end = base.find("://").map_or(0, |i| i + 3);
+        let base = match base[authority_end..].find('/') {
+            Some(slash) => &base[..authority_end + slash],
+            None => base.as_str(),
+        };
+        format!("{base}/{}{query}", self.name)
+    }
+
     /// Events with `status`.
     pub async fn count(&self, status: &str) -> i64 {
         sqlx::query_scalar("SELECT COUNT(*) FROM outbox_events WHERE status = ?")

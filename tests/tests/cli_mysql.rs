@@ -77,14 +77,7 @@ fn quick(max_attempts: u32) -> RelayConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_incident_on_mariadb_is_found_repaired_and_audited_with_the_cli() {
     let db = MySqlTestDb::new().await;
-    let url = format!(
-        "{}/{}",
-        outbox_tests::mysql::server_url()
-            .rsplit_once('/')
-            .map(|(server, _)| server.to_owned())
-            .unwrap(),
-        db.name
-    );
+    let url = db.url();
     sqlx::query("DROP TABLE outbox_events")
         .execute(&db.pool)
         .await

@@ -1,235 +1,24 @@
 //! Relays in several processes on one SQLite file, publishing to a real
-//! JetStream. First a relay hangs right after its claim (failpoint
-//! `relay::after_claim`): the others publish nothing of the aggregates it
-//! holds, not even their later versions, until it is killed and its lease
-//! has run out. Then, while a producer emits, relay processes are killed with
-//! SIGKILL (between claim, publish and mark, wherever they are) and started
-//! again, and one is stopped with SIGSTOP past its lease and continued.
-//! Every event reaches the stream, and in each aggregate the first arrival
-//! of every version comes in version order (a republished suffix after a
-//! crash is the at-least-once duplicate the inbox drops; a version before
-//! its predecessor would be a broken order).
+//! JetStream: one hangs after its claim and holds its aggregates; the
+//! others are killed with SIGKILL and started again, and one is stopped
+//! with SIGSTOP past its lease, while a producer emits. Every event
+//! reaches the stream, each aggregate's versions first arrive in order
+//! (the scenario: `outbox_tests::relay_processes`).
 
-use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::path::Path;
 
-use outbox_core::EventDraft;
-use outbox_sqlite::SqliteOutbox;
-use outbox_tests::events::Ticked;
-use outbox_tests::faults::signal;
-use outbox_tests::jetstream::read_all;
-use outbox_tests::{NatsServer, wait};
-
-const AGGREGATES: usize = 100;
-const VERSIONS: u64 = 30;
-/// Versions emitted before any relay runs (the backlog the hung relay
-/// claims from).
-const BACKLOG_VERSIONS: u64 = 5;
-
-async fn emit_ticks(
-    pool: &sqlx::SqlitePool,
-    ticks: std::ops::RangeInclusive<u64>,
-    pause: Duration,
-) {
-    let outbox = SqliteOutbox::new();
-    for tick in ticks {
-        for chunk in (0..AGGREGATES).collect::<Vec<_>>().chunks(20) {
-            let drafts = chunk
-                .iter()
-                .map(|a| EventDraft::new(&Ticked::new(format!("c{a}"), tick)).unwrap())
-                .collect();
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-            outbox.emit_drafts(&mut tx, drafts).await.unwrap();
-            tx.commit().await.unwrap();
-        }
-        tokio::time::sleep(pause).await;
-    }
-}
-
-/// Per aggregate id, the versions in stream order.
-async fn arrivals(nats_url: &str) -> (usize, HashMap<String, Vec<i64>>) {
-    let messages = read_all(nats_url, "OUTBOX").await;
-    let mut arrivals: HashMap<String, Vec<i64>> = HashMap::new();
-    for message in &messages {
-        let aggregate = message.header("ce-aggregateid").unwrap().to_owned();
-        let version: i64 = message
-            .header("ce-aggregateversion")
-            .unwrap()
-            .parse()
-            .unwrap();
-        arrivals.entry(aggregate).or_default().push(version);
-    }
-    (messages.len(), arrivals)
-}
-
-/// The lease of the relays that are killed and stopped.
-const LEASE_MS: u64 = 2000;
-/// The lease of the relay that hangs after its claim: long enough for the
-/// others to show they leave its aggregates alone.
-const HUNG_LEASE: Duration = Duration::from_secs(8);
-
-fn start_relay(db_url: &str, nats_url: &str) -> Child {
-    start_relay_with(db_url, nats_url, "")
-}
-
-fn start_relay_with(db_url: &str, nats_url: &str, failpoints: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_sqlite-relay-process"))
-        .env("OUTBOX_SQLITE_URL", db_url)
-        .env("OUTBOX_FAILPOINTS", failpoints)
-        // A hung relay's two workers hold 60 of the 100 aggregates.
-        .env(
-            "OUTBOX_BATCH_SIZE",
-            if failpoints.is_empty() { "100" } else { "30" },
-        )
-        .env("OUTBOX_NATS_URL", nats_url)
-        .env(
-            "OUTBOX_CLAIM_TIMEOUT_MS",
-            if failpoints.is_empty() {
-                LEASE_MS
-            } else {
-                HUNG_LEASE.as_millis() as u64
-            }
-            .to_string(),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start a relay process")
-}
-
-fn kill(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
+use outbox_tests::relay_processes::{self, SharedStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_processes_killed_and_stopped_on_one_file_keep_every_aggregate_in_order() {
-    let server = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let db_url = format!("sqlite://{}", dir.path().join("outbox.db").display());
     let pool = outbox_sqlite::connect(&db_url).await.unwrap();
     outbox_sqlite::migrate(&pool).await.unwrap();
-
-    emit_ticks(&pool, 1..=BACKLOG_VERSIONS, Duration::ZERO).await;
-    // A relay that claims and hangs before publishing anything.
-    let mut hung = start_relay_with(&db_url, &server.url(), "relay::after_claim=hang");
-    wait::until(
-        "the hung relay's claim",
-        Duration::from_secs(30),
-        || async {
-            let leased: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM outbox_events WHERE claim_token IS NOT NULL",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            leased > 0
-        },
+    relay_processes::run(
+        SharedStore::Sqlite(pool),
+        &db_url,
+        Path::new(env!("CARGO_BIN_EXE_store-relay-process")),
     )
     .await;
-    let claimed_at = std::time::Instant::now();
-    let held: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT aggregate_id FROM outbox_events WHERE claim_token IS NOT NULL",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let mut relays: Vec<Child> = (0..3)
-        .map(|_| start_relay(&db_url, &server.url()))
-        .collect();
-    // The others drain what is free; the held aggregates wait, even their
-    // versions the hung relay did not claim.
-    let free = (AGGREGATES - held.len()) as i64;
-    wait::until(
-        "the free aggregates published",
-        Duration::from_secs(60),
-        || async { count_published(&pool).await >= free * BACKLOG_VERSIONS as i64 },
-    )
-    .await;
-    // Time for a wrong claim to show.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, early) = arrivals(&server.url()).await;
-    for aggregate in &held {
-        assert!(
-            !early.contains_key(aggregate),
-            "{aggregate} is held by the hung relay, yet {:?} reached the stream",
-            early[aggregate]
-        );
-    }
-    assert_eq!(early.len() as i64, free, "the free aggregates went");
-    assert!(
-        claimed_at.elapsed() < HUNG_LEASE - Duration::from_secs(1),
-        "the check ran {:?} after the hung claim, too close to its lease of {HUNG_LEASE:?} to mean anything",
-        claimed_at.elapsed()
-    );
-    assert!(
-        held.len() >= 30,
-        "the hung relay holds {} aggregates",
-        held.len()
-    );
-    kill(&mut hung);
-
-    let producer = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            emit_ticks(
-                &pool,
-                BACKLOG_VERSIONS + 1..=VERSIONS,
-                Duration::from_millis(20),
-            )
-            .await;
-        })
-    };
-
-    // Faults while the producer runs and the relays drain.
-    for round in 0..8 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let victim = round % relays.len();
-        kill(&mut relays[victim]);
-        relays[victim] = start_relay(&db_url, &server.url());
-    }
-    signal(&relays[0], "STOP");
-    tokio::time::sleep(Duration::from_millis(3000)).await;
-    signal(&relays[0], "CONT");
-    producer.await.unwrap();
-
-    let total = AGGREGATES as i64 * VERSIONS as i64;
-    wait::until(
-        "every event published",
-        Duration::from_secs(120),
-        || async { count_published(&pool).await == total },
-    )
-    .await;
-    for relay in &mut relays {
-        kill(relay);
-    }
-
-    let (messages, arrivals) = arrivals(&server.url()).await;
-    assert_eq!(arrivals.len(), AGGREGATES);
-    for (aggregate, versions) in &arrivals {
-        let mut first_arrivals = Vec::new();
-        for &version in versions {
-            if !first_arrivals.contains(&version) {
-                first_arrivals.push(version);
-            }
-        }
-        assert_eq!(
-            first_arrivals,
-            (1..=VERSIONS as i64).collect::<Vec<_>>(),
-            "aggregate {aggregate}: first arrivals out of order; all arrivals {versions:?}"
-        );
-    }
-    eprintln!(
-        "{} messages for {total} events ({} republished after kills)",
-        messages,
-        messages as i64 - total
-    );
-}
-
-async fn count_published(pool: &sqlx::SqlitePool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_events WHERE status = 'published'")
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
