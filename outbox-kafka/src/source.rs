@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use outbox_core::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
@@ -43,6 +43,17 @@ pub struct KafkaSourceConfig {
     /// Where a group without a committed offset starts (default
     /// `earliest`: nothing published before the first start is missed).
     pub auto_offset_reset: String,
+    /// How long the group membership may stay unsettled (looking for a
+    /// coordinator, joining, syncing) before the source gives up on it:
+    /// it closes its client, forgets what it had open (the offsets were
+    /// not committed, so the group delivers them again) and joins with a
+    /// new client. librdkafka can stay in a join the coordinator never
+    /// answers after the coordinator went down and came back, receiving
+    /// nothing and reporting nothing; this is the way out. Default 120 s
+    /// (well past a rebalance, which waits at most the session timeout);
+    /// `Duration::ZERO` turns it off. A member with no partitions in a
+    /// settled group (more members than partitions) is settled.
+    pub rejoin_after: Duration,
 }
 
 impl KafkaSourceConfig {
@@ -73,6 +84,7 @@ impl KafkaSourceConfig {
             group_id: consumer.name().to_owned(),
             topics,
             auto_offset_reset: "earliest".to_owned(),
+            rejoin_after: Duration::from_secs(120),
         })
     }
 }
@@ -161,13 +173,53 @@ struct Position {
     epoch: u64,
 }
 
-/// Rebalance callbacks: assigned partitions start with nothing open,
-/// revoked ones are forgotten.
-pub struct GroupContext {
-    tracker: Arc<Mutex<Tracker>>,
+/// Since when the group membership has not been settled, as librdkafka's
+/// statistics report it.
+#[derive(Debug, Default)]
+struct Membership {
+    unsettled_since: Option<Instant>,
+    /// The last reported states (`cgrp.state`, `cgrp.join_state`).
+    states: (String, String),
 }
 
-impl ClientContext for GroupContext {}
+impl Membership {
+    /// Records a statistics report of the group handler's states.
+    fn observe(&mut self, state: &str, join_state: &str, now: Instant) {
+        if state == "up" && join_state == "steady" {
+            self.unsettled_since = None;
+        } else {
+            self.unsettled_since.get_or_insert(now);
+        }
+        self.states = (state.to_owned(), join_state.to_owned());
+    }
+
+    /// Whether the membership has been unsettled for `limit` or longer.
+    fn stuck(&self, limit: Duration, now: Instant) -> bool {
+        !limit.is_zero()
+            && self
+                .unsettled_since
+                .is_some_and(|since| now.duration_since(since) >= limit)
+    }
+}
+
+/// Rebalance callbacks: assigned partitions start with nothing open,
+/// revoked ones are forgotten. Statistics: the group membership's state.
+pub struct GroupContext {
+    tracker: Arc<Mutex<Tracker>>,
+    membership: Arc<Mutex<Membership>>,
+}
+
+impl ClientContext for GroupContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        if let Some(group) = statistics.cgrp {
+            self.membership.lock().expect("membership lock").observe(
+                &group.state,
+                &group.join_state,
+                Instant::now(),
+            );
+        }
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
@@ -204,15 +256,16 @@ type GroupConsumer = StreamConsumer<GroupContext>;
 pub struct KafkaSource {
     consumer: Arc<GroupConsumer>,
     tracker: Arc<Mutex<Tracker>>,
+    membership: Arc<Mutex<Membership>>,
     retries: mpsc::UnboundedReceiver<(Position, Incoming)>,
     requeue: mpsc::UnboundedSender<(Position, Incoming)>,
-    group_id: String,
+    config: KafkaSourceConfig,
 }
 
 impl std::fmt::Debug for KafkaSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaSource")
-            .field("group_id", &self.group_id)
+            .field("group_id", &self.config.group_id)
             .finish_non_exhaustive()
     }
 }
@@ -232,33 +285,51 @@ impl KafkaSource {
             .into());
         }
         let tracker = Arc::new(Mutex::new(Tracker::default()));
-        let mut client = config.kafka.client_config();
-        client
-            .set("group.id", &config.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", &config.auto_offset_reset);
-        config.kafka.apply_extra(&mut client);
-        let consumer: GroupConsumer = client
-            .create_with_context(GroupContext {
-                tracker: Arc::clone(&tracker),
-            })
-            .map_err(|e| KafkaError::Client(e.to_string()))?;
-        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
-        consumer
-            .subscribe(&topics)
-            .map_err(|e| KafkaError::Subscribe {
-                topics: config.topics.clone(),
-                reason: e.to_string(),
-            })?;
+        let membership = Arc::new(Mutex::new(Membership::default()));
+        let consumer = subscribe(&config, &tracker, &membership)?;
         let (requeue, retries) = mpsc::unbounded_channel();
         Ok(KafkaSource {
             consumer: Arc::new(consumer),
             tracker,
+            membership,
             retries,
             requeue,
-            group_id: config.group_id,
+            config,
         })
+    }
+
+    /// Leaves the group with the old client and joins with a new one,
+    /// when the membership has been unsettled for `rejoin_after`.
+    fn rejoin_if_stuck(&mut self) -> Result<(), KafkaError> {
+        let (stuck, states) = {
+            let membership = self.membership.lock().expect("membership lock");
+            (
+                membership.stuck(self.config.rejoin_after, Instant::now()),
+                membership.states.clone(),
+            )
+        };
+        if !stuck {
+            return Ok(());
+        }
+        tracing::warn!(
+            group = %self.config.group_id,
+            state = %states.0,
+            join_state = %states.1,
+            after = ?self.config.rejoin_after,
+            "Kafka group membership unsettled too long: joining again with a new client"
+        );
+        // What this client had open was not committed: the group hands it
+        // out again, and late acks of it commit nothing.
+        self.tracker
+            .lock()
+            .expect("offset tracker lock")
+            .partitions
+            .clear();
+        *self.membership.lock().expect("membership lock") = Membership::default();
+        let fresh = subscribe(&self.config, &self.tracker, &self.membership)?;
+        let old = std::mem::replace(&mut self.consumer, Arc::new(fresh));
+        close_off_runtime(old);
+        Ok(())
     }
 
     fn delivery(&self, position: Position, incoming: Incoming) -> KafkaDelivery {
@@ -314,15 +385,53 @@ impl KafkaSource {
     }
 }
 
+/// A group consumer with the source's settings, subscribed.
+fn subscribe(
+    config: &KafkaSourceConfig,
+    tracker: &Arc<Mutex<Tracker>>,
+    membership: &Arc<Mutex<Membership>>,
+) -> Result<GroupConsumer, KafkaError> {
+    let mut client = config.kafka.client_config();
+    client
+        .set("group.id", &config.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", &config.auto_offset_reset);
+    if !config.rejoin_after.is_zero() {
+        // The membership is read from the statistics.
+        let interval =
+            (config.rejoin_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(15));
+        client.set("statistics.interval.ms", interval.as_millis().to_string());
+    }
+    config.kafka.apply_extra(&mut client);
+    let consumer: GroupConsumer = client
+        .create_with_context(GroupContext {
+            tracker: Arc::clone(tracker),
+            membership: Arc::clone(membership),
+        })
+        .map_err(|e| KafkaError::Client(e.to_string()))?;
+    let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&topics)
+        .map_err(|e| KafkaError::Subscribe {
+            topics: config.topics.clone(),
+            reason: e.to_string(),
+        })?;
+    Ok(consumer)
+}
+
+/// Closing a group consumer leaves the group and waits for it: not on a
+/// runtime worker. Deliveries still alive keep it open until the last one
+/// goes.
+fn close_off_runtime(consumer: Arc<GroupConsumer>) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn_blocking(move || drop(consumer));
+    }
+}
+
 impl Drop for KafkaSource {
     fn drop(&mut self) {
-        // Closing a group consumer leaves the group and waits for it: not on
-        // a runtime worker. Deliveries still alive keep it open until the
-        // last one goes.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let consumer = Arc::clone(&self.consumer);
-            runtime.spawn_blocking(move || drop(consumer));
-        }
+        close_off_runtime(Arc::clone(&self.consumer));
     }
 }
 
@@ -394,17 +503,23 @@ impl MessageSource for KafkaSource {
 
     async fn next_batch(&mut self, max: usize) -> Result<Vec<KafkaDelivery>, SourceError> {
         let mut batch = Vec::new();
+        // How often a wait for messages looks at the group membership.
+        let look = Duration::from_secs(1);
         while batch.is_empty() {
+            self.rejoin_if_stuck()
+                .map_err(|e| SourceError(format!("Kafka rejoin failed: {e}")))?;
+            let consumer = Arc::clone(&self.consumer);
             tokio::select! {
                 Some((position, incoming)) = self.retries.recv() => {
                     batch.extend(self.returned(position, incoming));
                 }
-                received = self.consumer.recv() => match received {
+                received = consumer.recv() => match received {
                     Ok(message) => batch.extend(self.received(&message)),
                     Err(error) => {
                         return Err(SourceError(format!("Kafka receive failed: {error}")));
                     }
                 },
+                () = tokio::time::sleep(look) => {}
             }
         }
         while batch.len() < max {
@@ -424,6 +539,25 @@ impl MessageSource for KafkaSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_membership_unsettled_for_the_limit_is_stuck_and_a_settled_one_never() {
+        let start = Instant::now();
+        let limit = Duration::from_secs(120);
+        let mut membership = Membership::default();
+        membership.observe("up", "steady", start);
+        assert!(!membership.stuck(limit, start + Duration::from_secs(600)));
+        membership.observe("up", "wait-join", start + Duration::from_secs(10));
+        membership.observe("wait-coord", "init", start + Duration::from_secs(60));
+        assert!(!membership.stuck(limit, start + Duration::from_secs(129)));
+        assert!(membership.stuck(limit, start + Duration::from_secs(130)));
+        assert!(
+            !membership.stuck(Duration::ZERO, start + Duration::from_secs(600)),
+            "off"
+        );
+        membership.observe("up", "steady", start + Duration::from_secs(131));
+        assert!(!membership.stuck(limit, start + Duration::from_secs(600)));
+    }
 
     #[test]
     fn commits_only_past_the_settled_prefix() {

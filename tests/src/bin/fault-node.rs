@@ -233,6 +233,8 @@ async fn consumer(name: &str, ordering: &str, batch_size: usize) {
                 ("session.timeout.ms".into(), "6000".into()),
                 ("heartbeat.interval.ms".into(), "500".into()),
             ]);
+            // With a 6 s session, a membership unsettled for 30 s is stuck.
+            config.rejoin_after = Duration::from_secs(30);
             let source = retrying("Kafka", || KafkaSource::connect(config.clone())).await;
             spawn_with_chaos(&consumer, source)
         }
