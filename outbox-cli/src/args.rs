@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// `outbox`: operate an outbox.
 #[derive(Debug, Parser)]
@@ -29,8 +29,37 @@ pub(crate) struct Cli {
     /// top-level keys (comma-separated) instead of every value.
     #[arg(long, global = true, value_delimiter = ',')]
     pub(crate) redact_keys: Option<Vec<String>>,
+    /// The relays' `failed_head_policy`: with `block` a failed head holds
+    /// its aggregate's later events, with `skip` it does not; `status` and
+    /// `blocked` count blocked aggregates as the relays treat them.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "block",
+        env = "OUTBOX_FAILED_HEAD_POLICY",
+        global = true
+    )]
+    pub(crate) failed_head_policy: HeadPolicy,
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// `--failed-head-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum HeadPolicy {
+    /// A failed head blocks its aggregate (the relay's default).
+    Block,
+    /// Failed heads are stepped over.
+    Skip,
+}
+
+impl From<HeadPolicy> for outbox_core::relay::FailedHeadPolicy {
+    fn from(policy: HeadPolicy) -> Self {
+        match policy {
+            HeadPolicy::Block => outbox_core::relay::FailedHeadPolicy::Block,
+            HeadPolicy::Skip => outbox_core::relay::FailedHeadPolicy::Skip,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

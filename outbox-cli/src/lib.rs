@@ -54,6 +54,7 @@ use outbox_core::ops::{
     EventFilter, EventRecord, EventStatus, LetterFilter, LetterKind, LetterRecord, OperationsStore,
     Ops, OpsError, Page, Redaction, RepairReport, StatusOptions,
 };
+use outbox_core::relay::FailedHeadPolicy;
 use outbox_core::store::SchemaName;
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
@@ -134,11 +135,12 @@ async fn execute(cli: Cli) -> Outcome {
         extra_keys: Vec::new(),
     };
     let out = Output { json: cli.json };
+    let failed_heads = cli.failed_head_policy.into();
     if is_sqlite_url(&url) {
-        return sqlite(&url, cli.command, redaction, &out).await;
+        return sqlite(&url, cli.command, redaction, failed_heads, &out).await;
     }
     if is_mysql_url(&url) {
-        return mysql(&url, cli.command, redaction, &out).await;
+        return mysql(&url, cli.command, redaction, failed_heads, &out).await;
     }
     let schema = SchemaName::new(cli.schema.clone()).map_err(|e| e.to_string())?;
     let pool = PgPoolOptions::new()
@@ -161,7 +163,9 @@ async fn execute(cli: Cli) -> Outcome {
         }
         return Ok(EXIT_OK);
     }
-    let ops = Ops::new(pool, schema).with_redaction(redaction);
+    let ops = Ops::new(pool, schema)
+        .with_redaction(redaction)
+        .with_failed_head_policy(failed_heads);
     match cli.command {
         Command::Quarantine { consumer, action } => {
             letters(
@@ -200,7 +204,13 @@ fn is_sqlite_url(url: &str) -> bool {
 /// tables; every other command needs a migrated file (a mistyped path is
 /// an error, not a new empty database). The consumer's commands are
 /// refused: the SQLite store keeps no consumer tables yet.
-async fn sqlite(url: &str, command: Command, redaction: Redaction, out: &Output) -> Outcome {
+async fn sqlite(
+    url: &str,
+    command: Command,
+    redaction: Redaction,
+    failed_heads: FailedHeadPolicy,
+    out: &Output,
+) -> Outcome {
     let migrate = matches!(command, Command::Migrate);
     let options = outbox_sqlite::connect_options(url)
         .map_err(|e| format!("not a SQLite database URL: {e}"))?
@@ -250,7 +260,9 @@ async fn sqlite(url: &str, command: Command, redaction: Redaction, out: &Output)
             outbox_sqlite::SCHEMA_VERSION
         ));
     }
-    let ops = outbox_sqlite::SqliteOps::new(pool).with_redaction(redaction);
+    let ops = outbox_sqlite::SqliteOps::new(pool)
+        .with_redaction(redaction)
+        .with_failed_head_policy(failed_heads);
     relay_command(&ops, out, command).await
 }
 
@@ -264,7 +276,13 @@ fn is_mysql_url(url: &str) -> bool {
 /// every other command needs them. A server without `SKIP LOCKED` is
 /// refused with its version. The consumer's commands are refused: the
 /// MySQL store keeps no consumer tables yet.
-async fn mysql(url: &str, command: Command, redaction: Redaction, out: &Output) -> Outcome {
+async fn mysql(
+    url: &str,
+    command: Command,
+    redaction: Redaction,
+    failed_heads: FailedHeadPolicy,
+    out: &Output,
+) -> Outcome {
     let url = url.replacen("mariadb:", "mysql:", 1);
     let options = <sqlx::mysql::MySqlConnectOptions as std::str::FromStr>::from_str(&url)
         .map_err(|e| format!("not a MySQL database URL: {e}"))?;
@@ -307,7 +325,9 @@ async fn mysql(url: &str, command: Command, redaction: Redaction, out: &Output) 
             "database {database} has no outbox tables: run `outbox --database-url … migrate` (or the service's migrate) first"
         ));
     }
-    let ops = outbox_mysql::MySqlOps::new(pool).with_redaction(redaction);
+    let ops = outbox_mysql::MySqlOps::new(pool)
+        .with_redaction(redaction)
+        .with_failed_head_policy(failed_heads);
     relay_command(&ops, out, command).await
 }
 

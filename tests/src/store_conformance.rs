@@ -34,7 +34,7 @@ use std::time::Duration;
 use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{EventFilter, EventStatus, OperationsStore, StatusOptions};
 use outbox_core::relay::failpoint::{self, AFTER_PUBLISH, Action};
-use outbox_core::relay::{Backoff, Relay, RelayConfig};
+use outbox_core::relay::{Backoff, FailedHeadPolicy, Relay, RelayConfig};
 use outbox_core::transport::{PublishFailure, Transport};
 
 use crate::events::Ticked;
@@ -60,8 +60,9 @@ pub trait StoreUnderTest: Sized + Send + Sync {
         config: RelayConfig,
     ) -> impl Future<Output = Relay> + Send;
 
-    /// The operations API over the store (contracts' redaction).
-    fn ops(&self) -> Self::Ops;
+    /// The operations API over the store (contracts' redaction), reading
+    /// blocked aggregates as relays with `failed_heads` do.
+    fn ops(&self, failed_heads: FailedHeadPolicy) -> Self::Ops;
 
     /// Events in the published state.
     fn published(&self) -> impl Future<Output = i64> + Send;
@@ -151,7 +152,11 @@ async fn rollback_publishes_nothing<S: StoreUnderTest>() {
         "a rolled-back event was published"
     );
     assert_eq!(store.published().await, 3);
-    let status = store.ops().status(&StatusOptions::default()).await.unwrap();
+    let status = store
+        .ops(FailedHeadPolicy::Block)
+        .status(&StatusOptions::default())
+        .await
+        .unwrap();
     assert_eq!(status.backlog.pending, 0, "a rolled-back event was stored");
     store.clean_up().await;
 }
@@ -176,7 +181,7 @@ async fn broker_down_loses_nothing<S: StoreUnderTest>() {
             },
         )
         .await;
-    let ops = store.ops();
+    let ops = store.ops(FailedHeadPolicy::Block);
     wait::until(
         "attempts against the down broker",
         Duration::from_secs(30),
@@ -223,7 +228,7 @@ async fn death_between_ack_and_mark_publishes_again<S: StoreUnderTest>() {
             },
         )
         .await;
-    let done = store.ops();
+    let done = store.ops(FailedHeadPolicy::Block);
     wait::until(
         "every event marked published after the worker's death",
         Duration::from_secs(30),
@@ -272,7 +277,7 @@ async fn a_retrying_event_holds_up_only_its_aggregate<S: StoreUnderTest>() {
         )
         .await;
     published_count(&transport, 9, "the free aggregates").await;
-    let ops = store.ops();
+    let ops = store.ops(FailedHeadPolicy::Block);
     wait::until(
         "the stuck head retried",
         Duration::from_secs(30),
@@ -356,7 +361,7 @@ async fn failed_heads_are_retried_and_skipped_with_an_audit<S: StoreUnderTest>()
             },
         )
         .await;
-    let ops = store.ops();
+    let ops = store.ops(FailedHeadPolicy::Block);
     let failed_filter = EventFilter {
         status: EventStatus::Failed,
         ..EventFilter::default()
@@ -381,6 +386,10 @@ async fn failed_heads_are_retried_and_skipped_with_an_audit<S: StoreUnderTest>()
     assert_eq!(status.backlog.failed, 2);
     assert_eq!(status.blocked.len(), 2, "{:?}", status.blocked);
     assert!(!status.problems.is_empty());
+    // Relays that skip failed heads are not held up by them.
+    let skipping = store.ops(FailedHeadPolicy::Skip);
+    let blocked = skipping.blocked(10).await.unwrap();
+    assert!(blocked.is_empty(), "under Skip: {blocked:?}");
 
     fixed.store(true, Ordering::SeqCst);
     let skipped = ops

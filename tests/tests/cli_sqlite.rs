@@ -126,6 +126,16 @@ async fn an_incident_on_a_sqlite_file_is_found_repaired_and_audited_with_the_cli
     let shown = text(&status);
     assert!(shown.contains("card/charge-1"), "{shown}");
     assert!(shown.contains("1 event(s) failed"), "{shown}");
+    let blocked = json(&url, &["blocked", "list"], 0);
+    assert_eq!(blocked.as_array().map(Vec::len), Some(1), "{blocked}");
+    // Relays that skip failed heads publish charge-1's later versions: to
+    // them nothing is blocked.
+    let skipping = json(
+        &url,
+        &["--failed-head-policy", "skip", "blocked", "list"],
+        0,
+    );
+    assert_eq!(skipping, Value::Array(vec![]), "{skipping}");
 
     let failed = json(&url, &["failed", "list"], 0);
     let head = failed["items"][0]["id"].as_str().unwrap().to_owned();

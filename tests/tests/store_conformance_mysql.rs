@@ -1,6 +1,7 @@
 //! The store conformance suite (`outbox_tests::store_conformance`) on
 //! MariaDB (`outbox-mysql`, `MYSQL_URL`): a fresh database per case.
 
+use outbox_core::relay::FailedHeadPolicy;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
 use outbox_mysql::{MySqlOps, MySqlOutbox};
@@ -35,8 +36,8 @@ impl StoreUnderTest for MySql {
             .expect("start the relay")
     }
 
-    fn ops(&self) -> MySqlOps {
-        MySqlOps::new(self.0.pool.clone())
+    fn ops(&self, failed_heads: FailedHeadPolicy) -> MySqlOps {
+        MySqlOps::new(self.0.pool.clone()).with_failed_head_policy(failed_heads)
     }
 
     async fn published(&self) -> i64 {

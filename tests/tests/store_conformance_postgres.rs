@@ -2,6 +2,7 @@
 //! PostgreSQL: a fresh schema per case.
 
 use outbox_core::ops::Ops;
+use outbox_core::relay::FailedHeadPolicy;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
 use outbox_tests::TestDb;
@@ -40,8 +41,8 @@ impl StoreUnderTest for Postgres {
         .expect("start the relay")
     }
 
-    fn ops(&self) -> Ops {
-        Ops::new(self.0.pool.clone(), self.0.schema.clone())
+    fn ops(&self, failed_heads: FailedHeadPolicy) -> Ops {
+        Ops::new(self.0.pool.clone(), self.0.schema.clone()).with_failed_head_policy(failed_heads)
     }
 
     async fn published(&self) -> i64 {

@@ -1,6 +1,7 @@
 //! The store conformance suite (`outbox_tests::store_conformance`) on
 //! SQLite (`outbox-sqlite`): a fresh database file per case.
 
+use outbox_core::relay::FailedHeadPolicy;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
 use outbox_sqlite::{SqliteOps, SqliteOutbox};
@@ -46,8 +47,8 @@ impl StoreUnderTest for Sqlite {
             .expect("start the relay")
     }
 
-    fn ops(&self) -> SqliteOps {
-        SqliteOps::new(self.pool.clone())
+    fn ops(&self, failed_heads: FailedHeadPolicy) -> SqliteOps {
+        SqliteOps::new(self.pool.clone()).with_failed_head_policy(failed_heads)
     }
 
     async fn published(&self) -> i64 {

@@ -105,6 +105,7 @@ pub struct Ops {
     sql: Arc<OpsSql>,
     audit: Arc<AuditSql>,
     redaction: Redaction,
+    failed_heads: crate::relay::FailedHeadPolicy,
 }
 
 impl Ops {
@@ -114,9 +115,18 @@ impl Ops {
             sql: Arc::new(OpsSql::new(&schema)),
             audit: Arc::new(AuditSql::new(&schema)),
             redaction: Redaction::default(),
+            failed_heads: crate::relay::FailedHeadPolicy::Block,
             schema,
             pool,
         }
+    }
+
+    /// Reads blocked aggregates as relays with `policy` see them (default
+    /// `Block`: a failed head blocks its aggregate; under `Skip` only a
+    /// retrying head does). Give it the relays' `failed_head_policy`.
+    pub fn with_failed_head_policy(mut self, policy: crate::relay::FailedHeadPolicy) -> Ops {
+        self.failed_heads = policy;
+        self
     }
 
     /// Shows payloads with `redaction` (default: the contracts in this

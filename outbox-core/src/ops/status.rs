@@ -277,12 +277,13 @@ impl Ops {
         })
     }
 
-    /// Aggregates whose head still blocks them, oldest first.
+    /// Aggregates whose head still blocks them, oldest first, under the
+    /// failed-head policy of [`Ops::with_failed_head_policy`].
     pub async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
         let store = crate::store::PgRelayStore::new(
             self.pool.clone(),
             self.schema.clone(),
-            crate::relay::FailedHeadPolicy::Block,
+            self.failed_heads,
             Duration::from_secs(120),
         );
         let blocked = store

@@ -15,6 +15,7 @@ use sqlx::MySqlPool;
 pub struct MySqlOps {
     pool: MySqlPool,
     redaction: Redaction,
+    skip_failed_heads: bool,
 }
 
 impl MySqlOps {
@@ -23,7 +24,19 @@ impl MySqlOps {
         MySqlOps {
             pool,
             redaction: Redaction::default(),
+            skip_failed_heads: false,
         }
+    }
+
+    /// Reads blocked aggregates as relays with `policy` see them (default
+    /// `Block`: a failed head blocks its aggregate; under `Skip` only a
+    /// retrying head does). Give it the relays' `failed_head_policy`.
+    pub fn with_failed_head_policy(
+        mut self,
+        policy: outbox_core::relay::FailedHeadPolicy,
+    ) -> MySqlOps {
+        self.skip_failed_heads = policy == outbox_core::relay::FailedHeadPolicy::Skip;
+        self
     }
 
     /// Shows payloads with `redaction` (default: the contracts in this

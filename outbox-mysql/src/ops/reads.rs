@@ -185,12 +185,13 @@ impl MySqlOps {
             .map_err(database("reading an event"))
     }
 
-    /// Aggregates whose head still blocks them (a failed or a retrying
-    /// head with later events waiting), oldest first.
+    /// Aggregates whose head still blocks them (a retrying head, or a
+    /// failed one unless [`MySqlOps::with_failed_head_policy`] says
+    /// `Skip`), oldest first.
     pub async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
         sqlx::query(BLOCKED)
-            .bind(false)
-            .bind(false)
+            .bind(self.skip_failed_heads)
+            .bind(self.skip_failed_heads)
             .bind(limit.clamp(1, 1000))
             .fetch_all(&self.pool)
             .await

@@ -17,6 +17,7 @@ use sqlx::SqlitePool;
 pub struct SqliteOps {
     pool: SqlitePool,
     redaction: Redaction,
+    skip_failed_heads: bool,
 }
 
 impl SqliteOps {
@@ -26,7 +27,19 @@ impl SqliteOps {
         SqliteOps {
             pool,
             redaction: Redaction::default(),
+            skip_failed_heads: false,
         }
+    }
+
+    /// Reads blocked aggregates as relays with `policy` see them (default
+    /// `Block`: a failed head blocks its aggregate; under `Skip` only a
+    /// retrying head does). Give it the relays' `failed_head_policy`.
+    pub fn with_failed_head_policy(
+        mut self,
+        policy: outbox_core::relay::FailedHeadPolicy,
+    ) -> SqliteOps {
+        self.skip_failed_heads = policy == outbox_core::relay::FailedHeadPolicy::Skip;
+        self
     }
 
     /// Shows payloads with `redaction` (default: the contracts in this

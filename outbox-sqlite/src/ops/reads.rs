@@ -176,13 +176,13 @@ impl SqliteOps {
             .map_err(database("reading an event"))
     }
 
-    /// Aggregates whose head still blocks them (a failed or a retrying
-    /// head), oldest first. The failed state is read as
-    /// `FailedHeadPolicy::Block` reads it (the default).
+    /// Aggregates whose head still blocks them (a retrying head, or a
+    /// failed one unless [`SqliteOps::with_failed_head_policy`] says
+    /// `Skip`), oldest first.
     pub async fn blocked(&self, limit: i64) -> Result<Vec<BlockedRecord>, OpsError> {
         sqlx::query(BLOCKED)
             .bind(limit.clamp(1, 1000))
-            .bind(false)
+            .bind(self.skip_failed_heads)
             .fetch_all(&self.pool)
             .await
             .map_err(database("listing blocked aggregates"))?
