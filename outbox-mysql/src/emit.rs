@@ -6,9 +6,13 @@
 //! Every emit first moves (or creates) its aggregate's counter row, which
 //! locks that row until the caller's transaction ends: emits of one
 //! aggregate queue behind each other, so versions are gap-free in commit
-//! order, and emits of different aggregates never wait for each other. The
-//! counter's new value comes back in the statement's reply
-//! (`LAST_INSERT_ID(expr)`), so an emit is two statements.
+//! order, and emits of different aggregates never wait for each other. An
+//! emit with a counted version is one round trip, a call of the procedure
+//! `outbox_emit_counted_v1` that [`crate::migrate`] creates: it moves the
+//! counter (`LAST_INSERT_ID(expr)` hands the new value to this session
+//! only), inserts the event with it and returns it. A carried version
+//! takes three statements (the counter raised to it, a look for a newer
+//! unpublished version, the insert).
 
 use outbox_core::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft, OutboxEvent};
 use sqlx::error::ErrorKind;
@@ -25,10 +29,8 @@ pub struct MySqlOutbox {
 
 /// Counts the aggregate's next version; the reply's last insert id is the
 /// new version. Binds: aggregate type, aggregate id.
-const COUNT_VERSION: &str = "
-INSERT INTO outbox_aggregate_versions (aggregate_type, aggregate_id, version)
-VALUES (?, ?, LAST_INSERT_ID(1))
-ON DUPLICATE KEY UPDATE version = LAST_INSERT_ID(version + 1)";
+/// The counted emit, one round trip (see [`crate::migrate`]).
+const EMIT_COUNTED: &str = "CALL outbox_emit_counted_v1(?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// Moves the counter up to a carried version (locking the counter row).
 /// Binds: aggregate type, aggregate id, version.
@@ -160,21 +162,38 @@ fn database_error(event_type: &str) -> impl Fn(sqlx::Error) -> EmitError + '_ {
     }
 }
 
+/// Writes an event whose version is counted: the counter row moves and
+/// stays locked until the caller's transaction ends, so versions follow
+/// commit order; one call of the emit procedure.
+async fn write_counted(
+    conn: &mut MySqlConnection,
+    draft: &EventDraft,
+) -> Result<Emitted, EmitError> {
+    let database = database_error(draft.event_type());
+    let aggregate_version: i64 = sqlx::query_scalar(EMIT_COUNTED)
+        .bind(draft.event_id().to_string())
+        .bind(draft.aggregate_type())
+        .bind(draft.aggregate_id())
+        .bind(draft.event_type())
+        .bind(i64::from(draft.schema_version()))
+        .bind(draft.payload_json())
+        .bind(draft.traceparent())
+        .bind(now_ms())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(&database)?;
+    Ok(Emitted {
+        event_id: draft.event_id(),
+        aggregate_version,
+    })
+}
+
 /// Writes one event: its version from the counter, or the one it carries
 /// (refused below an unpublished higher version, or when taken).
 async fn write(conn: &mut MySqlConnection, draft: &EventDraft) -> Result<Emitted, EmitError> {
     let database = database_error(draft.event_type());
     let version = match draft.aggregate_version() {
-        None => {
-            let counted = sqlx::query(COUNT_VERSION)
-                .bind(draft.aggregate_type())
-                .bind(draft.aggregate_id())
-                .execute(&mut *conn)
-                .await
-                .map_err(&database)?;
-            i64::try_from(counted.last_insert_id())
-                .map_err(|e| database(sqlx::Error::Decode(e.into())))?
-        }
+        None => return write_counted(conn, draft).await,
         Some(version) => {
             sqlx::query(CARRY_VERSION)
                 .bind(draft.aggregate_type())

@@ -23,7 +23,7 @@
 //!   transactional DDL, so every step is idempotent instead).
 //!
 //! Not here yet: the consumer's inbox, ordering and letters (PostgreSQL
-//! only), and the `outbox` CLI on `mysql://` URLs.
+//! only). The `outbox` CLI takes `mysql://` URLs for the relay's commands.
 
 mod connect;
 mod emit;

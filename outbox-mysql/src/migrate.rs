@@ -9,14 +9,21 @@
 //! aggregates), as on PostgreSQL. Times are milliseconds since the Unix
 //! epoch, ids UUID text.
 //!
+//! Besides the tables there is one stored procedure, the emit of a counted
+//! version in one round trip (`outbox_emit_counted_v1`): the migrating user
+//! needs `CREATE ROUTINE`, the service's user `EXECUTE`. A procedure, not a
+//! trigger or a function, so that binary logging needs neither `SUPER` nor
+//! `log_bin_trust_function_creators`.
+//!
 //! Limits that follow from InnoDB's 3,072-byte index keys: an aggregate
 //! type of at most 255 characters, an aggregate id of at most 500, an
 //! idempotency key of at most 512.
 
 use sqlx::MySqlPool;
 
-/// The schema version this crate writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The schema version this crate writes and reads (2: the emit procedure,
+/// the head-test index, no index on the lease token).
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Migrating failed.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +71,6 @@ const TABLES: [&str; 5] = [
         UNIQUE KEY outbox_events_id (id),
         UNIQUE KEY outbox_events_version (aggregate_type, aggregate_id, aggregate_version),
         KEY outbox_events_status (status, seq),
-        KEY outbox_events_claim (claim_token),
         KEY outbox_events_published (status, published_at)
     ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
     "CREATE TABLE IF NOT EXISTS outbox_aggregate_versions (
@@ -91,6 +97,133 @@ const TABLES: [&str; 5] = [
     ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
 ];
 
+/// The emit of an event whose version is counted, as one round trip: the
+/// counter row moves (`LAST_INSERT_ID(expr)` hands its new value to this
+/// session only) and stays locked until the caller's transaction ends, the
+/// event is inserted with that version, and the version comes back. The
+/// name carries its revision: a changed body is a new procedure, never a
+/// replaced one under running emitters. String parameters are `TEXT` so
+/// nothing is cut on the way in (the table's columns refuse what is too
+/// long, as a plain `INSERT` would); `SQL SECURITY INVOKER`: the caller's
+/// own privileges apply.
+pub(crate) const EMIT_PROCEDURE: &str = "outbox_emit_counted_v1";
+
+const CREATE_EMIT_PROCEDURE: &str = "
+CREATE PROCEDURE outbox_emit_counted_v1(
+    IN p_id TEXT CHARSET utf8mb4 COLLATE utf8mb4_bin,
+    IN p_aggregate_type TEXT CHARSET utf8mb4 COLLATE utf8mb4_bin,
+    IN p_aggregate_id TEXT CHARSET utf8mb4 COLLATE utf8mb4_bin,
+    IN p_event_type TEXT CHARSET utf8mb4 COLLATE utf8mb4_bin,
+    IN p_schema_version INT,
+    IN p_payload LONGTEXT CHARSET utf8mb4 COLLATE utf8mb4_bin,
+    IN p_traceparent TEXT CHARSET utf8mb4 COLLATE utf8mb4_bin,
+    IN p_created_at BIGINT)
+MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    DECLARE counted BIGINT;
+    INSERT INTO outbox_aggregate_versions (aggregate_type, aggregate_id, version)
+    VALUES (p_aggregate_type, p_aggregate_id, LAST_INSERT_ID(1))
+    ON DUPLICATE KEY UPDATE version = LAST_INSERT_ID(version + 1);
+    SET counted = LAST_INSERT_ID();
+    INSERT INTO outbox_events
+        (id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+         payload, traceparent, created_at)
+    VALUES (p_id, p_aggregate_type, p_aggregate_id, counted, p_event_type, p_schema_version,
+            p_payload, p_traceparent, p_created_at);
+    SELECT counted AS aggregate_version;
+END";
+
+/// MySQL's and MariaDB's error number for a routine that exists already.
+const ROUTINE_EXISTS: u16 = 1304;
+
+/// The index the relay's head test probes: "is there a pending (or failed)
+/// version of this aggregate below this one?" is one seek, however many
+/// published versions the aggregate has. Key prefixes keep it within
+/// InnoDB's 3,072 bytes; a prefix match is checked against the row.
+const UNPUBLISHED_INDEX: &str = "outbox_events_unpublished";
+
+const CREATE_UNPUBLISHED_INDEX: &str = "CREATE INDEX outbox_events_unpublished
+    ON outbox_events (aggregate_type(64), aggregate_id(191), status, aggregate_version)";
+
+/// MySQL's and MariaDB's error number for an index name in use.
+const DUPLICATE_KEY_NAME: u16 = 1061;
+
+/// Whether the error is the server's error `number`.
+fn is_server_error(error: &sqlx::Error, number: u16) -> bool {
+    match error {
+        sqlx::Error::Database(error) => error
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|e| e.number() == number),
+        _ => false,
+    }
+}
+
+/// Creates the head-test index unless it is there (MySQL has no `CREATE
+/// INDEX IF NOT EXISTS`; a concurrent migration's index is fine).
+async fn create_unpublished_index(pool: &MySqlPool) -> Result<(), sqlx::Error> {
+    let present: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.STATISTICS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_events' AND INDEX_NAME = ?",
+    )
+    .bind(UNPUBLISHED_INDEX)
+    .fetch_one(pool)
+    .await?;
+    if present > 0 {
+        return Ok(());
+    }
+    match sqlx::query(CREATE_UNPUBLISHED_INDEX).execute(pool).await {
+        Err(error) if is_server_error(&error, DUPLICATE_KEY_NAME) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Drops the index on `claim_token` that schema version 1 had: leases are
+/// found by primary key, and the index cost a write on every lease and
+/// mark.
+async fn drop_claim_index(pool: &MySqlPool) -> Result<(), sqlx::Error> {
+    let present: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.STATISTICS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_events'
+           AND INDEX_NAME = 'outbox_events_claim'",
+    )
+    .fetch_one(pool)
+    .await?;
+    if present == 0 {
+        return Ok(());
+    }
+    match sqlx::query("DROP INDEX outbox_events_claim ON outbox_events")
+        .execute(pool)
+        .await
+    {
+        // A concurrent migration dropped it first.
+        Err(error) if is_server_error(&error, CANT_DROP_KEY) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// MySQL's and MariaDB's error number for dropping an index that is gone.
+const CANT_DROP_KEY: u16 = 1091;
+
+/// Creates the emit procedure unless it is there (two migrations at once:
+/// the second one's `CREATE` finds it and that is fine).
+async fn create_emit_procedure(pool: &MySqlPool) -> Result<(), sqlx::Error> {
+    let present: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.ROUTINES
+         WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ?",
+    )
+    .bind(EMIT_PROCEDURE)
+    .fetch_one(pool)
+    .await?;
+    if present > 0 {
+        return Ok(());
+    }
+    // Not a prepared statement: the binary protocol refuses CREATE PROCEDURE.
+    match sqlx::raw_sql(CREATE_EMIT_PROCEDURE).execute(pool).await {
+        Err(error) if is_server_error(&error, ROUTINE_EXISTS) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
 /// Creates the outbox tables in the database of `pool` (or completes a
 /// migration a crash cut short). Safe on every start and from several
 /// processes at once; refuses tables of a newer release.
@@ -112,6 +245,9 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), MigrateError> {
     for statement in &TABLES[1..] {
         sqlx::query(*statement).execute(pool).await?;
     }
+    create_unpublished_index(pool).await?;
+    drop_claim_index(pool).await?;
+    create_emit_procedure(pool).await?;
     sqlx::query(
         "INSERT INTO outbox_schema_version (id, version) VALUES (1, ?)
          ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))",

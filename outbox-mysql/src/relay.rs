@@ -25,7 +25,7 @@
 //! connection, so relays poll (`RelayConfig::poll_interval`; lower it for
 //! latency, each idle poll is one indexed query).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::DateTime;
@@ -43,38 +43,89 @@ use uuid::Uuid;
 
 use crate::{millis, now_ms, time_column, uuid_column};
 
-/// Locks aggregate heads. Binds: now, now, skip failed heads, limit.
-const HEADS: &str = "
-SELECT e.seq, e.aggregate_type, e.aggregate_id, e.aggregate_version
+/// Locks aggregate heads: pending, due, unleased events with no pending
+/// (or, unless skipped, failed) version below them, each test one seek in
+/// `outbox_events_unpublished`. `$window` narrows the rows looked at.
+macro_rules! heads_query {
+    ($window:literal) => {
+        concat!(
+            "SELECT e.seq, e.id, e.event_type, e.schema_version, e.aggregate_type, e.aggregate_id,
+       e.aggregate_version, e.created_at, e.traceparent, e.payload, e.attempt_count
 FROM outbox_events e
 WHERE e.status = 'pending' AND e.next_attempt_at <= ?
-  AND (e.claimed_until IS NULL OR e.claimed_until <= ?)
+  AND (e.claimed_until IS NULL OR e.claimed_until <= ?)",
+            $window,
+            "
   AND NOT EXISTS (
-      SELECT 1 FROM outbox_events h
+      SELECT 1 FROM outbox_events h FORCE INDEX (outbox_events_unpublished)
       WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
-        AND h.aggregate_version < e.aggregate_version
-        AND (h.status = 'pending' OR (h.status = 'failed' AND NOT ?)))
+        AND h.status = 'pending' AND h.aggregate_version < e.aggregate_version)
+  AND (? OR NOT EXISTS (
+      SELECT 1 FROM outbox_events h FORCE INDEX (outbox_events_unpublished)
+      WHERE h.aggregate_type = e.aggregate_type AND h.aggregate_id = e.aggregate_id
+        AND h.status = 'failed' AND h.aggregate_version < e.aggregate_version))
 ORDER BY e.seq
 LIMIT ?
-FOR UPDATE SKIP LOCKED";
+FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
+
+/// Heads among the oldest pending events: those within `window` sequence
+/// numbers of the oldest. When fewer aggregates than a batch have events,
+/// a search of the whole backlog for more heads than there are would read
+/// every pending row; the window bounds it. Binds: now, now, window, skip
+/// failed heads, limit.
+const HEADS_IN_WINDOW: &str = heads_query!(
+    "
+  AND e.seq < ? + (SELECT MIN(p.seq) FROM outbox_events p WHERE p.status = 'pending')"
+);
+
+/// Heads anywhere in the backlog, when the window had none (its events
+/// all held by other claims or waiting behind a blocked head). Binds: now,
+/// now, skip failed heads, limit.
+const HEADS: &str = heads_query!("");
 
 /// The columns of a claimed event.
-const CLAIMED_COLUMNS: &str = "SELECT id, event_type, schema_version, aggregate_type, aggregate_id,
+macro_rules! claimed_columns {
+    () => {
+        "SELECT seq, id, event_type, schema_version, aggregate_type, aggregate_id,
        aggregate_version, created_at, traceparent, payload, attempt_count
-FROM outbox_events WHERE claim_token = ?";
+FROM outbox_events "
+    };
+}
 
-/// Ends a lease without an outcome. Binds: token.
-const RELEASE: &str =
-    "UPDATE outbox_events SET claim_token = NULL, claimed_until = NULL WHERE claim_token = ?";
+/// `sql` followed by `claim_token = <token> AND seq IN (<seqs>)`: a lease's
+/// rows found by primary key (the token has no index of its own, so that
+/// writing it on every lease and mark touches no secondary index).
+fn on_lease_rows(sql: &str, token: &str, seqs: &[i64]) -> QueryBuilder<MySql> {
+    let mut query = QueryBuilder::<MySql>::new(sql);
+    query
+        .push("claim_token = ")
+        .push_bind(token)
+        .push(" AND seq IN (");
+    let mut list = query.separated(", ");
+    for seq in seqs {
+        list.push_bind(*seq);
+    }
+    query.push(")");
+    query
+}
+
+/// The events of a lease, as they are now.
+const LEASED: &str = concat!(claimed_columns!(), "WHERE ");
+
+/// Ends a lease without an outcome (with [`on_lease_rows`]).
+const RELEASE: &str = "UPDATE outbox_events SET claim_token = NULL, claimed_until = NULL WHERE ";
 
 /// Records one failed attempt where the lease holds. Binds: status, error,
-/// next attempt, now (first failure), failed at, id, token.
+/// next attempt, now (first failure), failed at, seq, token.
 const FAILED: &str = "
 UPDATE outbox_events
 SET status = ?, attempt_count = attempt_count + 1, last_error = ?, next_attempt_at = ?,
     first_failed_at = COALESCE(first_failed_at, ?), failed_at = ?,
     claim_token = NULL, claimed_until = NULL
-WHERE id = ? AND claim_token = ?";
+WHERE seq = ? AND claim_token = ?";
 
 /// Aggregates whose head retries or, unless failed heads are skipped, has
 /// failed. Binds: skip failed heads (twice), limit.
@@ -97,6 +148,9 @@ pub struct MySqlRelayStore {
     pool: MySqlPool,
     lease: Duration,
     skip_failed_heads: bool,
+    /// The relay's workers (the head window spans a batch for each, and
+    /// three more).
+    workers: i64,
 }
 
 impl MySqlRelayStore {
@@ -120,6 +174,7 @@ impl MySqlRelayStore {
             pool,
             lease: config.claim_timeout,
             skip_failed_heads: config.failed_head_policy == FailedHeadPolicy::Skip,
+            workers: config.workers as i64,
         }
     }
 
@@ -186,13 +241,24 @@ impl MySqlRelayStore {
         let now = now_ms();
         let limit = limit.clamp(1, 100_000);
         let mut tx = self.pool.begin().await?;
-        let heads = sqlx::query(HEADS)
+        let window = (limit as i64).saturating_mul(self.workers.saturating_add(3));
+        let mut heads = sqlx::query(HEADS_IN_WINDOW)
             .bind(now)
             .bind(now)
+            .bind(window)
             .bind(self.skip_failed_heads)
             .bind(limit as i64)
             .fetch_all(&mut *tx)
             .await?;
+        if heads.is_empty() {
+            heads = sqlx::query(HEADS)
+                .bind(now)
+                .bind(now)
+                .bind(self.skip_failed_heads)
+                .bind(limit as i64)
+                .fetch_all(&mut *tx)
+                .await?;
+        }
         if heads.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
@@ -206,26 +272,42 @@ impl MySqlRelayStore {
                 row.try_get("aggregate_version")?,
             );
         }
+        let mut rows = heads;
         if seqs.len() < limit {
-            let followers = self.followers(&mut tx, &head_versions, now).await?;
-            seqs.extend(followers.into_iter().take(limit - seqs.len()));
+            let mut followers = self.followers(&mut tx, &head_versions, now).await?;
+            followers.truncate(limit - seqs.len());
+            if !followers.is_empty() {
+                let mut query =
+                    QueryBuilder::<MySql>::new(concat!(claimed_columns!(), "WHERE seq IN ("));
+                let mut list = query.separated(", ");
+                for seq in &followers {
+                    list.push_bind(*seq);
+                }
+                query.push(")");
+                rows.extend(query.build().fetch_all(&mut *tx).await?);
+                seqs.extend(followers);
+            }
         }
         let mut lease = QueryBuilder::<MySql>::new("UPDATE outbox_events SET claim_token = ");
         lease
             .push_bind(token)
             .push(", claimed_until = ")
             .push_bind(now.saturating_add(millis(self.lease)))
-            .push(" WHERE seq IN (");
+            .push(" WHERE status = 'pending' AND seq IN (");
         let mut list = lease.separated(", ");
         for seq in &seqs {
             list.push_bind(*seq);
         }
         lease.push(")");
-        lease.build().execute(&mut *tx).await?;
-        let rows = sqlx::query(CLAIMED_COLUMNS)
-            .bind(token)
-            .fetch_all(&mut *tx)
-            .await?;
+        let leased = lease.build().execute(&mut *tx).await?.rows_affected();
+        if leased != rows.len() as u64 {
+            // A follower changed between the look and the lease (a repair):
+            // what the lease holds is what it holds now.
+            rows = on_lease_rows(LEASED, token, &seqs)
+                .build()
+                .fetch_all(&mut *tx)
+                .await?;
+        }
         outbox_core::failpoint::hit(outbox_core::failpoint::IN_CLAIM).await;
         tx.commit().await?;
         Ok(rows)
@@ -325,6 +407,8 @@ pub struct MySqlClaim {
     pool: MySqlPool,
     token: String,
     events: Vec<ClaimedEvent>,
+    /// Each event's row (`seq`), so the outcome is written by primary key.
+    seqs: HashMap<Uuid, i64>,
     settled: bool,
 }
 
@@ -337,8 +421,10 @@ impl Drop for MySqlClaim {
             return;
         };
         let (pool, token) = (self.pool.clone(), std::mem::take(&mut self.token));
+        let seqs: Vec<i64> = self.seqs.values().copied().collect();
         runtime.spawn(async move {
-            if let Err(error) = sqlx::query(RELEASE).bind(&token).execute(&pool).await {
+            let mut release = on_lease_rows(RELEASE, &token, &seqs);
+            if let Err(error) = release.build().execute(&pool).await {
                 tracing::warn!(%error, "could not give back an abandoned claim; its lease runs out");
             }
         });
@@ -346,6 +432,12 @@ impl Drop for MySqlClaim {
 }
 
 impl MySqlClaim {
+    /// Ends the lease of what is still leased.
+    fn release_query(&self) -> QueryBuilder<MySql> {
+        let seqs: Vec<i64> = self.seqs.values().copied().collect();
+        on_lease_rows(RELEASE, &self.token, &seqs)
+    }
+
     async fn record(&self, outcome: &BatchOutcome) -> Result<(), sqlx::Error> {
         let now = now_ms();
         if outcome.failed.is_empty() && outcome.published.len() == self.events.len() {
@@ -359,23 +451,23 @@ impl MySqlClaim {
                 .await?;
         }
         for failure in &outcome.failed {
+            let Some(seq) = self.seqs.get(&failure.event_id) else {
+                continue;
+            };
             sqlx::query(FAILED)
                 .bind(if failure.give_up { "failed" } else { "pending" })
                 .bind(&failure.error)
                 .bind(now.saturating_add(millis(failure.retry_in)))
                 .bind(now)
                 .bind(failure.give_up.then_some(now))
-                .bind(failure.event_id.to_string())
+                .bind(*seq)
                 .bind(&self.token)
                 .execute(&mut *tx)
                 .await?;
         }
         // What was neither published nor failed was not attempted: it
         // stays pending, unchanged, free for the next claim.
-        sqlx::query(RELEASE)
-            .bind(&self.token)
-            .execute(&mut *tx)
-            .await?;
+        self.release_query().build().execute(&mut *tx).await?;
         tx.commit().await
     }
 
@@ -386,6 +478,13 @@ impl MySqlClaim {
         now: i64,
         published: &[Uuid],
     ) -> Result<(), sqlx::Error> {
+        let seqs: Vec<i64> = published
+            .iter()
+            .filter_map(|id| self.seqs.get(id).copied())
+            .collect();
+        if seqs.is_empty() {
+            return Ok(());
+        }
         let mut query = QueryBuilder::<MySql>::new(
             "UPDATE outbox_events SET status = 'published', published_at = ",
         );
@@ -393,10 +492,10 @@ impl MySqlClaim {
             .push_bind(now)
             .push(", claim_token = NULL, claimed_until = NULL WHERE claim_token = ")
             .push_bind(&self.token)
-            .push(" AND id IN (");
+            .push(" AND seq IN (");
         let mut list = query.separated(", ");
-        for id in published {
-            list.push_bind(id.to_string());
+        for seq in seqs {
+            list.push_bind(seq);
         }
         query.push(")");
         let marked = query.build().execute(executor).await?.rows_affected();
@@ -432,8 +531,8 @@ impl ClaimedBatch for MySqlClaim {
         if self.events.is_empty() {
             return Ok(());
         }
-        sqlx::query(RELEASE)
-            .bind(&self.token)
+        self.release_query()
+            .build()
             .execute(&self.pool)
             .await
             .map_err(store_error("release claim"))?;
@@ -466,11 +565,16 @@ impl RelayStore for MySqlRelayStore {
             .claim_rows(limit, &token)
             .await
             .map_err(store_error("claim"))?;
-        let mut events = rows
-            .iter()
-            .map(decode_claimed)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(store_error("decode claimed event"))?;
+        let mut seqs = HashMap::with_capacity(rows.len());
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let event = decode_claimed(row).map_err(store_error("decode claimed event"))?;
+            let seq: i64 = row
+                .try_get("seq")
+                .map_err(store_error("decode claimed event"))?;
+            seqs.insert(event.envelope.id, seq);
+            events.push(event);
+        }
         events.sort_unstable_by(|a, b| {
             let (a, b) = (&a.envelope, &b.envelope);
             (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
@@ -483,6 +587,7 @@ impl RelayStore for MySqlRelayStore {
             pool: self.pool.clone(),
             token,
             events,
+            seqs,
             settled: false,
         })
     }

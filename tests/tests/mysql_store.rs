@@ -257,3 +257,74 @@ async fn cleanup_counts_first_and_keeps_keys_younger_than_their_retention() {
     assert_eq!(audit.outcomes[0]["deleted"], 2);
     db.drop_database().await;
 }
+
+/// What schema version 2 has: the emit procedure and the head-test index,
+/// no index on the lease token.
+async fn schema_shape(pool: &sqlx::MySqlPool) -> (i64, Vec<String>, i64) {
+    let version: i64 = sqlx::query_scalar(
+        "SELECT CAST(version AS SIGNED) FROM outbox_schema_version WHERE id = 1",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_events'
+           AND INDEX_NAME IN ('outbox_events_unpublished', 'outbox_events_claim')
+         ORDER BY INDEX_NAME",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let procedures: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.ROUTINES
+         WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = 'outbox_emit_counted_v1'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    (version, indexes, procedures)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
+    let db = MySqlTestDb::new().await;
+    let expected = (2, vec!["outbox_events_unpublished".to_owned()], 1);
+    assert_eq!(schema_shape(&db.pool).await, expected);
+    // Two services starting at once.
+    let (a, b) = tokio::join!(
+        outbox_mysql::migrate(&db.pool),
+        outbox_mysql::migrate(&db.pool)
+    );
+    a.unwrap();
+    b.unwrap();
+    assert_eq!(schema_shape(&db.pool).await, expected);
+
+    // Tables as version 1 left them, with an event emitted then.
+    for statement in [
+        "DROP PROCEDURE outbox_emit_counted_v1",
+        "DROP INDEX outbox_events_unpublished ON outbox_events",
+        "CREATE INDEX outbox_events_claim ON outbox_events (claim_token)",
+        "UPDATE outbox_schema_version SET version = 1",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO outbox_aggregate_versions (aggregate_type, aggregate_id, version)
+         VALUES ('counter', 'old', 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    outbox_mysql::migrate(&db.pool).await.unwrap();
+    assert_eq!(schema_shape(&db.pool).await, expected);
+    // The counter carries on where version 1 left it.
+    let mut tx = db.pool.begin().await.unwrap();
+    let emitted = MySqlOutbox::new()
+        .emit(&mut tx, &Ticked::new("old", 2))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(emitted.aggregate_version, 2);
+    db.drop_database().await;
+}

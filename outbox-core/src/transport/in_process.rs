@@ -36,6 +36,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
@@ -61,8 +62,33 @@ struct Handoff {
     settle: oneshot::Sender<Settlement>,
 }
 
-/// Deliveries per event id not yet acknowledged by one subscription.
-type Attempts = Arc<Mutex<HashMap<Uuid, u32>>>;
+/// Deliveries per event id not yet acknowledged by one subscription, with
+/// when the last one was handed out.
+type Attempts = Arc<Mutex<HashMap<Uuid, (u32, Instant)>>>;
+
+/// Past this many counted events, counts not handed out for
+/// [`FORGET_AFTER`] are dropped: those of events the relay gave up on (or
+/// an operator skipped), which never come to an ack.
+const ATTEMPTS_KEPT: usize = 10_000;
+/// How long an event's count outlives its last delivery once
+/// [`ATTEMPTS_KEPT`] is passed; an event delivered again after that
+/// counts from 1.
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
+
+/// Counts one more delivery of `event_id` at `now`; returns its number.
+fn count_attempt(
+    attempts: &mut HashMap<Uuid, (u32, Instant)>,
+    event_id: Uuid,
+    now: Instant,
+) -> u32 {
+    if attempts.len() >= ATTEMPTS_KEPT {
+        attempts.retain(|_, (_, last)| now.duration_since(*last) < FORGET_AFTER);
+    }
+    let entry = attempts.entry(event_id).or_insert((0, now));
+    entry.0 += 1;
+    entry.1 = now;
+    entry.0
+}
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
@@ -83,10 +109,7 @@ struct Subscription {
 
 impl Subscription {
     fn next_attempt(&self, event_id: Uuid) -> u32 {
-        let mut attempts = lock(&self.attempts);
-        let attempt = attempts.entry(event_id).or_insert(0);
-        *attempt += 1;
-        *attempt
+        count_attempt(&mut lock(&self.attempts), event_id, Instant::now())
     }
 }
 
@@ -330,5 +353,32 @@ impl MessageSource for InProcessSource {
                 attempts: Arc::clone(&self.attempts),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_of_events_that_never_come_to_an_ack_are_forgotten_past_the_limit() {
+        let start = Instant::now();
+        let mut attempts = HashMap::new();
+        let given_up = Uuid::now_v7();
+        assert_eq!(count_attempt(&mut attempts, given_up, start), 1);
+        assert_eq!(count_attempt(&mut attempts, given_up, start), 2);
+        // Many others, recent: below the limit nothing is forgotten.
+        let later = start + FORGET_AFTER + Duration::from_secs(1);
+        for _ in 1..ATTEMPTS_KEPT {
+            count_attempt(&mut attempts, Uuid::now_v7(), later);
+        }
+        assert_eq!(attempts.len(), ATTEMPTS_KEPT);
+        // The next one passes the limit: the stale count goes, the recent
+        // ones stay.
+        let recent = Uuid::now_v7();
+        count_attempt(&mut attempts, recent, later);
+        assert!(!attempts.contains_key(&given_up));
+        assert_eq!(attempts.len(), ATTEMPTS_KEPT);
+        assert_eq!(count_attempt(&mut attempts, recent, later), 2);
     }
 }
