@@ -49,10 +49,13 @@ pub struct KafkaSourceConfig {
     /// not committed, so the group delivers them again) and joins with a
     /// new client. librdkafka can stay in a join the coordinator never
     /// answers after the coordinator went down and came back, receiving
-    /// nothing and reporting nothing; this is the way out. Default 120 s
-    /// (well past a rebalance, which waits at most the session timeout);
-    /// `Duration::ZERO` turns it off. A member with no partitions in a
-    /// settled group (more members than partitions) is settled.
+    /// nothing and reporting nothing; this is the way out. Default 360 s:
+    /// past the longest a rebalance may legitimately take, which waits for
+    /// a slow member up to `max.poll.interval.ms` (300 s by default) plus
+    /// the session timeout; lower it with those. `Duration::ZERO` turns it
+    /// off. A member with no partitions in a settled group (more members
+    /// than partitions), and one whose topics do not exist yet, are
+    /// settled.
     pub rejoin_after: Duration,
 }
 
@@ -84,7 +87,7 @@ impl KafkaSourceConfig {
             group_id: consumer.name().to_owned(),
             topics,
             auto_offset_reset: "earliest".to_owned(),
-            rejoin_after: Duration::from_secs(120),
+            rejoin_after: Duration::from_secs(360),
         })
     }
 }
@@ -185,7 +188,9 @@ struct Membership {
 impl Membership {
     /// Records a statistics report of the group handler's states.
     fn observe(&mut self, state: &str, join_state: &str, now: Instant) {
-        if state == "up" && join_state == "steady" {
+        // `up`/`init`: subscribed to topics that do not exist (yet), so
+        // there is no group to join; nothing a new client would change.
+        if state == "up" && matches!(join_state, "steady" | "init") {
             self.unsettled_since = None;
         } else {
             self.unsettled_since.get_or_insert(now);
@@ -318,14 +323,13 @@ impl KafkaSource {
             after = ?self.config.rejoin_after,
             "Kafka group membership unsettled too long: joining again with a new client"
         );
-        // What this client had open was not committed: the group hands it
-        // out again, and late acks of it commit nothing.
-        self.tracker
-            .lock()
-            .expect("offset tracker lock")
-            .partitions
-            .clear();
-        *self.membership.lock().expect("membership lock") = Membership::default();
+        // The new client gets its own offsets and membership: the old one
+        // keeps calling back (its revocations, its statistics) while it
+        // closes, into what was its own. What it had open was not
+        // committed unless settled: the group hands it out again, and
+        // retries of it coming back are left to the new owner.
+        self.tracker = Arc::new(Mutex::new(Tracker::default()));
+        self.membership = Arc::new(Mutex::new(Membership::default()));
         let fresh = subscribe(&self.config, &self.tracker, &self.membership)?;
         let old = std::mem::replace(&mut self.consumer, Arc::new(fresh));
         close_off_runtime(old);
@@ -397,13 +401,28 @@ fn subscribe(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", &config.auto_offset_reset);
-    if !config.rejoin_after.is_zero() {
-        // The membership is read from the statistics.
-        let interval =
-            (config.rejoin_after / 4).clamp(Duration::from_secs(1), Duration::from_secs(15));
-        client.set("statistics.interval.ms", interval.as_millis().to_string());
-    }
     config.kafka.apply_extra(&mut client);
+    if !config.rejoin_after.is_zero() {
+        // The membership is read from the statistics; an interval of the
+        // user's own is kept (0 leaves the watch blind: said at connect).
+        let own = config
+            .kafka
+            .client
+            .iter()
+            .find(|(key, _)| key == "statistics.interval.ms");
+        match own {
+            Some((_, value)) if value.trim() == "0" => tracing::warn!(
+                group = %config.group_id,
+                "statistics.interval.ms = 0: the source cannot see a group membership that stays unsettled, rejoin_after has no effect"
+            ),
+            Some(_) => {}
+            None => {
+                let interval = (config.rejoin_after / 4)
+                    .clamp(Duration::from_secs(1), Duration::from_secs(15));
+                client.set("statistics.interval.ms", interval.as_millis().to_string());
+            }
+        }
+    }
     let consumer: GroupConsumer = client
         .create_with_context(GroupContext {
             tracker: Arc::clone(tracker),
@@ -546,6 +565,11 @@ mod tests {
         let limit = Duration::from_secs(120);
         let mut membership = Membership::default();
         membership.observe("up", "steady", start);
+        membership.observe("up", "init", start + Duration::from_secs(1));
+        assert!(
+            !membership.stuck(limit, start + Duration::from_secs(600)),
+            "no topic yet"
+        );
         assert!(!membership.stuck(limit, start + Duration::from_secs(600)));
         membership.observe("up", "wait-join", start + Duration::from_secs(10));
         membership.observe("wait-coord", "init", start + Duration::from_secs(60));

@@ -217,11 +217,26 @@ async fn create_emit_procedure(pool: &MySqlPool) -> Result<(), sqlx::Error> {
     if present > 0 {
         return Ok(());
     }
+    // A procedure keeps the sql_mode it was created under: strict, so an
+    // argument too long for its column is refused, never cut, whatever
+    // the migrating session's mode. On a connection of its own, closed
+    // after, so the pool never hands out the changed session.
+    let mut conn = pool.acquire().await?.detach();
+    sqlx::raw_sql(
+        "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')",
+    )
+    .execute(&mut conn)
+    .await?;
     // Not a prepared statement: the binary protocol refuses CREATE PROCEDURE.
-    match sqlx::raw_sql(CREATE_EMIT_PROCEDURE).execute(pool).await {
+    let created = match sqlx::raw_sql(CREATE_EMIT_PROCEDURE)
+        .execute(&mut conn)
+        .await
+    {
         Err(error) if is_server_error(&error, ROUTINE_EXISTS) => Ok(()),
         other => other.map(|_| ()),
-    }
+    };
+    let _ = sqlx::Connection::close(conn).await;
+    created
 }
 
 /// Creates the outbox tables in the database of `pool` (or completes a
@@ -245,9 +260,11 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), MigrateError> {
     for statement in &TABLES[1..] {
         sqlx::query(*statement).execute(pool).await?;
     }
+    // What this release uses first, what only the last one used at the
+    // end: a migration cut short leaves both releases working.
     create_unpublished_index(pool).await?;
-    drop_claim_index(pool).await?;
     create_emit_procedure(pool).await?;
+    drop_claim_index(pool).await?;
     sqlx::query(
         "INSERT INTO outbox_schema_version (id, version) VALUES (1, ?)
          ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version))",

@@ -23,7 +23,8 @@
 //!
 //! Wake-up: there is no LISTEN/NOTIFY and no commit hook on the caller's
 //! connection, so relays poll (`RelayConfig::poll_interval`; lower it for
-//! latency, each idle poll is one indexed query).
+//! latency; an idle poll is two indexed queries, the window and the whole
+//! backlog, each finding nothing).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -111,9 +112,6 @@ fn on_lease_rows(sql: &str, token: &str, seqs: &[i64]) -> QueryBuilder<MySql> {
     query.push(")");
     query
 }
-
-/// The events of a lease, as they are now.
-const LEASED: &str = concat!(claimed_columns!(), "WHERE ");
 
 /// Ends a lease without an outcome (with [`on_lease_rows`]).
 const RELEASE: &str = "UPDATE outbox_events SET claim_token = NULL, claimed_until = NULL WHERE ";
@@ -293,7 +291,9 @@ impl MySqlRelayStore {
             .push_bind(token)
             .push(", claimed_until = ")
             .push_bind(now.saturating_add(millis(self.lease)))
-            .push(" WHERE status = 'pending' AND seq IN (");
+            .push(" WHERE status = 'pending' AND (claimed_until IS NULL OR claimed_until <= ")
+            .push_bind(now)
+            .push(") AND seq IN (");
         let mut list = lease.separated(", ");
         for seq in &seqs {
             list.push_bind(*seq);
@@ -301,12 +301,11 @@ impl MySqlRelayStore {
         lease.push(")");
         let leased = lease.build().execute(&mut *tx).await?.rows_affected();
         if leased != rows.len() as u64 {
-            // A follower changed between the look and the lease (a repair):
-            // what the lease holds is what it holds now.
-            rows = on_lease_rows(LEASED, token, &seqs)
-                .build()
-                .fetch_all(&mut *tx)
-                .await?;
+            // A follower changed between the look and the lease (a repair,
+            // another claim): a lease with a hole in it could publish a
+            // version before its predecessor. Nothing is claimed this time.
+            tx.rollback().await?;
+            return Ok(Vec::new());
         }
         outbox_core::failpoint::hit(outbox_core::failpoint::IN_CLAIM).await;
         tx.commit().await?;
@@ -323,7 +322,8 @@ impl MySqlRelayStore {
         now: i64,
     ) -> Result<Vec<i64>, sqlx::Error> {
         let mut query = QueryBuilder::<MySql>::new(
-            "SELECT seq, aggregate_type, aggregate_id, aggregate_version, status, next_attempt_at
+            "SELECT seq, aggregate_type, aggregate_id, aggregate_version, status, next_attempt_at,
+                    claimed_until
              FROM outbox_events WHERE status IN ('pending', 'failed') AND (aggregate_type, aggregate_id) IN (",
         );
         let mut list = query.separated(", ");
@@ -350,10 +350,16 @@ impl MySqlRelayStore {
             }
             let status: String = row.try_get("status")?;
             let due = row.try_get::<i64, _>("next_attempt_at")? <= now;
+            // Leased by another claim: possible only when a repair put an
+            // older version back below a chain a relay holds; the chain
+            // stays with its holder.
+            let leased = row
+                .try_get::<Option<i64>, _>("claimed_until")?
+                .is_some_and(|until| until > now);
             if status == "failed" && self.skip_failed_heads {
                 continue;
             }
-            if status != "pending" || !due {
+            if status != "pending" || !due || leased {
                 stopped = Some(key);
                 continue;
             }

@@ -159,10 +159,11 @@ pub async fn run(store: SharedStore, db_url: &str, binary: &Path) {
     store.emit_ticks(1..=BACKLOG_VERSIONS, Duration::ZERO).await;
     // A relay that claims and hangs before publishing anything.
     let mut hung = start_relay(binary, db_url, &server.url(), "relay::after_claim=hang");
+    // Both of its workers' claims: 30 events each.
     wait::until(
-        "the hung relay's claim",
+        "the hung relay's claims",
         Duration::from_secs(30),
-        || async { store.leased().await > 0 },
+        || async { store.leased().await >= 60 },
     )
     .await;
     let claimed_at = Instant::now();

@@ -3,7 +3,8 @@
 //! gap-free in commit order, also with emitters racing on one aggregate;
 //! carried versions are refused out of order or when taken; an idempotency
 //! key makes a repeated command a no-op; cleanup counts before it deletes
-//! and keeps keys for their own retention.
+//! and keeps keys for their own retention; migrations run again and
+//! upgrade; a claim never takes versions another claim holds.
 
 use std::time::Duration;
 
@@ -326,5 +327,65 @@ async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
         .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(emitted.aggregate_version, 2);
+    db.drop_database().await;
+}
+
+/// A republished old version becomes a head below a chain another relay
+/// holds: the new claim takes that version only, never the holder's
+/// leased versions (two relays would publish one aggregate at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_never_takes_versions_leased_by_another() {
+    use outbox_core::relay::{BatchOutcome, ClaimedBatch, RelayConfig, RelayStore};
+    use outbox_mysql::MySqlRelayStore;
+
+    let db = MySqlTestDb::new().await;
+    let outbox = MySqlOutbox::new();
+    let mut tx = db.pool.begin().await.unwrap();
+    for tick in 1..=3 {
+        outbox.emit(&mut tx, &Ticked::new("c", tick)).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let store = MySqlRelayStore::new(db.pool.clone(), &RelayConfig::default());
+    // Version 1 published alone.
+    let first = store.claim(1).await.unwrap();
+    let v1 = first.events()[0].envelope.id;
+    first
+        .complete(BatchOutcome {
+            published: vec![v1],
+            failed: Vec::new(),
+        })
+        .await
+        .unwrap();
+    // Relay A holds versions 2 and 3.
+    let held = store.claim(100).await.unwrap();
+    let versions = |batch: &outbox_mysql::MySqlClaim| -> Vec<i64> {
+        batch
+            .events()
+            .iter()
+            .map(|e| e.envelope.aggregate_version)
+            .collect()
+    };
+    assert_eq!(versions(&held), [2, 3]);
+    // An operator republishes version 1: it is the aggregate's head again.
+    let republished = MySqlOps::new(db.pool.clone())
+        .republish(
+            &[v1],
+            &RepairRequest::new("alice", "consumer lost it").unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(republished.count("republished"), 1, "{republished:?}");
+    // Relay B takes version 1 and stops at A's lease.
+    let other = store.claim(100).await.unwrap();
+    assert_eq!(versions(&other), [1]);
+    let tokens: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT claim_token FROM outbox_events ORDER BY aggregate_version")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_ne!(tokens[0], tokens[1], "version 1 is B's, 2 is A's");
+    assert_eq!(tokens[1], tokens[2], "A still holds 2 and 3 together");
+    other.release().await.unwrap();
+    held.release().await.unwrap();
     db.drop_database().await;
 }

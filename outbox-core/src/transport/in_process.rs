@@ -64,7 +64,23 @@ struct Handoff {
 
 /// Deliveries per event id not yet acknowledged by one subscription, with
 /// when the last one was handed out.
-type Attempts = Arc<Mutex<HashMap<Uuid, (u32, Instant)>>>;
+type Attempts = Arc<Mutex<AttemptCounts>>;
+
+/// The counts, and the size at which they are next swept.
+#[derive(Debug)]
+struct AttemptCounts {
+    counts: HashMap<Uuid, (u32, Instant)>,
+    sweep_at: usize,
+}
+
+impl Default for AttemptCounts {
+    fn default() -> Self {
+        AttemptCounts {
+            counts: HashMap::new(),
+            sweep_at: ATTEMPTS_KEPT,
+        }
+    }
+}
 
 /// Past this many counted events, counts not handed out for
 /// [`FORGET_AFTER`] are dropped: those of events the relay gave up on (or
@@ -76,15 +92,16 @@ const ATTEMPTS_KEPT: usize = 10_000;
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 /// Counts one more delivery of `event_id` at `now`; returns its number.
-fn count_attempt(
-    attempts: &mut HashMap<Uuid, (u32, Instant)>,
-    event_id: Uuid,
-    now: Instant,
-) -> u32 {
-    if attempts.len() >= ATTEMPTS_KEPT {
-        attempts.retain(|_, (_, last)| now.duration_since(*last) < FORGET_AFTER);
+/// A sweep that leaves many recent counts is not repeated before the
+/// counts have doubled, so sweeping costs O(1) per delivery over time.
+fn count_attempt(attempts: &mut AttemptCounts, event_id: Uuid, now: Instant) -> u32 {
+    if attempts.counts.len() >= attempts.sweep_at {
+        attempts
+            .counts
+            .retain(|_, (_, last)| now.duration_since(*last) < FORGET_AFTER);
+        attempts.sweep_at = (attempts.counts.len() * 2).max(ATTEMPTS_KEPT);
     }
-    let entry = attempts.entry(event_id).or_insert((0, now));
+    let entry = attempts.counts.entry(event_id).or_insert((0, now));
     entry.0 += 1;
     entry.1 = now;
     entry.0
@@ -311,7 +328,7 @@ impl Delivery for InProcessDelivery {
     }
 
     async fn ack(self) -> Result<(), SourceError> {
-        lock(&self.attempts).remove(&self.event_id);
+        lock(&self.attempts).counts.remove(&self.event_id);
         // The relay may have stopped waiting (its publish timed out); it
         // publishes again and the inbox drops the duplicate.
         let _ = self.settle.send(Settlement::Acked);
@@ -363,7 +380,7 @@ mod tests {
     #[test]
     fn counts_of_events_that_never_come_to_an_ack_are_forgotten_past_the_limit() {
         let start = Instant::now();
-        let mut attempts = HashMap::new();
+        let mut attempts = AttemptCounts::default();
         let given_up = Uuid::now_v7();
         assert_eq!(count_attempt(&mut attempts, given_up, start), 1);
         assert_eq!(count_attempt(&mut attempts, given_up, start), 2);
@@ -372,13 +389,16 @@ mod tests {
         for _ in 1..ATTEMPTS_KEPT {
             count_attempt(&mut attempts, Uuid::now_v7(), later);
         }
-        assert_eq!(attempts.len(), ATTEMPTS_KEPT);
+        assert_eq!(attempts.counts.len(), ATTEMPTS_KEPT);
         // The next one passes the limit: the stale count goes, the recent
         // ones stay.
         let recent = Uuid::now_v7();
         count_attempt(&mut attempts, recent, later);
-        assert!(!attempts.contains_key(&given_up));
-        assert_eq!(attempts.len(), ATTEMPTS_KEPT);
+        assert!(!attempts.counts.contains_key(&given_up));
+        assert_eq!(attempts.counts.len(), ATTEMPTS_KEPT);
         assert_eq!(count_attempt(&mut attempts, recent, later), 2);
+        // The sweep left 9,999 recent counts: the next one waits until
+        // there are twice as many.
+        assert_eq!(attempts.sweep_at, 2 * (ATTEMPTS_KEPT - 1));
     }
 }

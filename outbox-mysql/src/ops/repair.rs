@@ -179,7 +179,7 @@ impl MySqlOps {
                 continue;
             }
             if repair.head_only
-                && !is_head(&mut tx, event)
+                && !is_head(&mut tx, event, self.skip_failed_heads)
                     .await
                     .map_err(database("reading event states"))?
             {
@@ -382,15 +382,22 @@ async fn lock(
         .collect()
 }
 
-/// Whether nothing unpublished precedes the event in its aggregate.
-async fn is_head(conn: &mut MySqlConnection, event: &Locked) -> Result<bool, sqlx::Error> {
+/// Whether nothing unpublished precedes the event in its aggregate (a
+/// failed version does not count when relays skip failed heads).
+async fn is_head(
+    conn: &mut MySqlConnection,
+    event: &Locked,
+    skip_failed_heads: bool,
+) -> Result<bool, sqlx::Error> {
     let before: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM outbox_events
-         WHERE aggregate_type = ? AND aggregate_id = ? AND status IN ('pending', 'failed')
+         WHERE aggregate_type = ? AND aggregate_id = ?
+           AND (status = 'pending' OR (status = 'failed' AND NOT ?))
            AND aggregate_version < ?",
     )
     .bind(&event.aggregate_type)
     .bind(&event.aggregate_id)
+    .bind(skip_failed_heads)
     .bind(event.version)
     .fetch_one(conn)
     .await?;

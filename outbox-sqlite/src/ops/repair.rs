@@ -37,18 +37,32 @@ SET status = 'pending', published_at = NULL, attempt_count = 0, next_attempt_at 
 WHERE status = 'published' AND id IN (SELECT value FROM json_each(?1))
 RETURNING id";
 
-/// Retrying heads of their aggregates tried now, from the first attempt.
-/// Binds: ids.
-const RETRY_BLOCKED: &str = "
+/// Retrying heads of their aggregates tried now, from the first attempt;
+/// `$blocking` are the states of an earlier version that keep an event
+/// from being its aggregate's head. Binds: ids.
+macro_rules! retry_blocked {
+    ($blocking:literal) => {
+        concat!(
+            "
 UPDATE outbox_events SET next_attempt_at = 0, attempt_count = 0
 WHERE status = 'pending' AND attempt_count > 0 AND id IN (SELECT value FROM json_each(?1))
   AND NOT EXISTS (
       SELECT 1 FROM outbox_events o
       WHERE o.aggregate_type = outbox_events.aggregate_type
         AND o.aggregate_id = outbox_events.aggregate_id
-        AND o.status IN ('pending', 'failed')
+        AND o.status IN (",
+            $blocking,
+            ")
         AND o.aggregate_version < outbox_events.aggregate_version)
-RETURNING id";
+RETURNING id"
+        )
+    };
+}
+
+/// Under `FailedHeadPolicy::Block`: a failed version blocks too.
+const RETRY_BLOCKED: &str = retry_blocked!("'pending', 'failed'");
+/// Under `FailedHeadPolicy::Skip`: only a pending one does.
+const RETRY_BLOCKED_SKIPPING_FAILED: &str = retry_blocked!("'pending'");
 
 impl SqliteOps {
     /// Retries failed events from their first attempt. Under
@@ -125,7 +139,11 @@ impl SqliteOps {
             ids,
             request,
             "relay.retry_blocked",
-            RETRY_BLOCKED,
+            if self.skip_failed_heads {
+                RETRY_BLOCKED_SKIPPING_FAILED
+            } else {
+                RETRY_BLOCKED
+            },
             None,
             "retried",
             "not_blocked_head",
