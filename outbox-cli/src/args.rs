@@ -144,11 +144,37 @@ pub(crate) enum Command {
     /// Apply the outbox migrations (PostgreSQL: to the schema; SQLite: to
     /// the file, created if missing).
     Migrate,
+    /// Serve the web console: the status, failed events, blocked
+    /// aggregates, letters grouped by error and the audit log, with audited
+    /// repairs. With OUTBOX_CONSOLE_TOKEN set, browsers sign in with HTTP
+    /// Basic (user: the operator's name, password: the token); without it
+    /// only a loopback address is served, every request acting as
+    /// --operator.
+    Console(ConsoleArgs),
     /// Schema registry checks (the `outbox-codegen` commands).
     Registry {
         #[command(subcommand)]
         command: outbox_codegen::cli::Command,
     },
+}
+
+/// `outbox console`.
+#[derive(Debug, Args)]
+pub(crate) struct ConsoleArgs {
+    /// The address to serve on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// Show everything, refuse every action.
+    #[arg(long)]
+    pub(crate) read_only: bool,
+    /// Without a token: the operator every request acts as (default: the
+    /// OS user).
+    #[arg(long)]
+    pub(crate) operator: Option<String>,
+    /// The shared secret browsers sign in with (HTTP Basic password);
+    /// required to serve a non-loopback address.
+    #[arg(long, env = "OUTBOX_CONSOLE_TOKEN", hide_env_values = true)]
+    pub(crate) token: Option<String>,
 }
 
 /// Who asks for a repair, and why.

@@ -41,6 +41,7 @@
 //! consumer replays them at its next sweep (`--wait` waits for it).
 
 mod args;
+mod console;
 mod table;
 
 use std::ffi::OsString;
@@ -167,6 +168,7 @@ async fn execute(cli: Cli) -> Outcome {
         .with_redaction(redaction)
         .with_failed_head_policy(failed_heads);
     match cli.command {
+        Command::Console(args) => console::serve(ops, args).await,
         Command::Quarantine { consumer, action } => {
             letters(
                 &ops,
@@ -263,7 +265,10 @@ async fn sqlite(
     let ops = outbox_sqlite::SqliteOps::new(pool)
         .with_redaction(redaction)
         .with_failed_head_policy(failed_heads);
-    relay_command(&ops, out, command).await
+    match command {
+        Command::Console(args) => console::serve(ops, args).await,
+        command => relay_command(&ops, out, command).await,
+    }
 }
 
 /// Whether `url` names a MySQL or MariaDB database (`mysql://…`,
@@ -328,7 +333,10 @@ async fn mysql(
     let ops = outbox_mysql::MySqlOps::new(pool)
         .with_redaction(redaction)
         .with_failed_head_policy(failed_heads);
-    relay_command(&ops, out, command).await
+    match command {
+        Command::Console(args) => console::serve(ops, args).await,
+        command => relay_command(&ops, out, command).await,
+    }
 }
 
 /// Runs a command on the relay's side of any store (status, events,
@@ -383,7 +391,7 @@ async fn relay_command<O: OperationsStore>(ops: &O, out: &Output, command: Comma
         Command::Quarantine { .. } | Command::DeadLetters { .. } | Command::Positions { .. } => {
             Err("quarantine, dead letters and positions are a consumer's tables, which this store does not keep (the SQLite and MySQL stores have the relay's side only so far): run consumers on PostgreSQL".to_owned())
         }
-        Command::Migrate | Command::Registry { .. } => Ok(EXIT_OK),
+        Command::Migrate | Command::Registry { .. } | Command::Console(_) => Ok(EXIT_OK),
     }
 }
 

@@ -59,18 +59,10 @@ pub(crate) fn opt<T: std::fmt::Display>(value: &Option<T>) -> String {
     value.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
-/// An age in seconds as a short duration (`42s`, `3m 12s`, `2h 5m`, `3d 4h`).
+/// An age in seconds as a short duration (`42s`, `3m 12s`, `2h 5m`, `3d 4h`),
+/// worded as the console words it.
 pub(crate) fn age(seconds: Option<f64>) -> String {
-    let Some(seconds) = seconds else {
-        return String::new();
-    };
-    let s = seconds.max(0.0) as u64;
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m {}s", s / 60, s % 60),
-        3600..=86_399 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
-        _ => format!("{}d {}h", s / 86_400, (s % 86_400) / 3600),
-    }
+    outbox_core::ops::format::short_age(seconds)
 }
 
 /// A long text cut to `max` characters with `…`.

@@ -6,6 +6,7 @@
 
 pub mod chaos;
 pub mod conformance;
+pub mod console;
 pub mod consumers;
 pub mod cpu;
 pub mod db;

@@ -1,0 +1,99 @@
+//! Form bodies and query strings as the ordered pairs they are (a form may
+//! repeat a field: one `id` per ticked row).
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+
+use crate::ConsoleError;
+
+/// The fields of a form body or a query string.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Fields(Vec<(String, String)>);
+
+impl Fields {
+    /// Parses `application/x-www-form-urlencoded` text.
+    pub(crate) fn parse(text: &[u8]) -> Fields {
+        Fields(
+            form_urlencoded::parse(text)
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
+    /// The first non-empty value of `name`, trimmed.
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.trim())
+            .find(|v| !v.is_empty())
+    }
+
+    /// Every non-empty value of `name`, in order.
+    pub(crate) fn all(&self, name: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+            .collect()
+    }
+
+    /// `name` as a number, when given.
+    pub(crate) fn number(&self, name: &str) -> Result<Option<i64>, ConsoleError> {
+        self.get(name)
+            .map(|v| {
+                v.parse().map_err(|_| {
+                    ConsoleError::BadRequest(format!("{name} must be a whole number, not {v:?}"))
+                })
+            })
+            .transpose()
+    }
+
+    /// `name` as a point in time: RFC 3339, or `YYYY-MM-DDTHH:MM[:SS]`
+    /// (what a `datetime-local` input sends) read as UTC.
+    pub(crate) fn time(&self, name: &str) -> Result<Option<DateTime<Utc>>, ConsoleError> {
+        let Some(text) = self.get(name) else {
+            return Ok(None);
+        };
+        if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+            return Ok(Some(at.with_timezone(&Utc)));
+        }
+        ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S"]
+            .iter()
+            .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+            .map(|at| Some(at.and_utc()))
+            .ok_or_else(|| {
+                ConsoleError::BadRequest(format!(
+                    "{name} must be a time like 2026-12-06T05:40 (UTC) or RFC 3339, not {text:?}"
+                ))
+            })
+    }
+}
+
+/// A query string built from pairs, empty values left out.
+pub(crate) fn query<'a>(pairs: impl IntoIterator<Item = (&'a str, String)>) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    for (name, value) in pairs {
+        if !value.is_empty() {
+            out.append_pair(name, &value);
+        }
+    }
+    out.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_fields_and_times() {
+        let fields = Fields::parse(b"id=a&id=&id=b&since=2026-12-06T05%3A40&limit=x");
+        assert_eq!(fields.all("id"), vec!["a", "b"]);
+        assert_eq!(
+            fields.time("since").unwrap().unwrap().to_rfc3339(),
+            "2026-12-06T05:40:00+00:00"
+        );
+        assert!(fields.number("limit").is_err());
+        assert_eq!(query([("a", "x y".into()), ("b", String::new())]), "a=x+y");
+    }
+}

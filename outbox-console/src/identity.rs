@@ -1,0 +1,240 @@
+//! Who is acting: the console trusts nothing of a request but what the
+//! embedding service (or the standalone tool) says about its operator, and
+//! every action carries a CSRF token bound to that operator.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use axum::http::request::Parts;
+use sha2::{Digest, Sha256};
+
+/// The operator of a request, as [`Identify`] named them; every audit row
+/// an action writes carries this name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operator(pub String);
+
+/// How a request was refused before any page was rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unidentified {
+    /// No operator: answer 401 and ask for HTTP Basic credentials.
+    Challenge,
+    /// No operator and nothing to ask for: answer 403.
+    Refuse,
+}
+
+type IdentifyFn = dyn Fn(&Parts) -> Result<Operator, Unidentified> + Send + Sync;
+
+/// How the console learns who the operator of a request is. The embedding
+/// service decides: typically from what its auth middleware put in the
+/// request's extensions ([`Identify::from_fn`]). A request without an
+/// operator sees nothing, not even the status page.
+#[derive(Clone)]
+pub struct Identify(Arc<IdentifyFn>);
+
+impl std::fmt::Debug for Identify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Identify(..)")
+    }
+}
+
+impl Identify {
+    /// The operator is what `operator` returns for the request's parts
+    /// (headers, extensions); `None` refuses the request with 403.
+    ///
+    /// ```
+    /// # #[derive(Clone)] struct User { login: String }
+    /// use outbox_console::Identify;
+    /// // The service's auth middleware inserted a `User` extension.
+    /// let identify = Identify::from_fn(|parts| {
+    ///     parts.extensions.get::<User>().map(|user| user.login.clone())
+    /// });
+    /// ```
+    pub fn from_fn(
+        operator: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Identify {
+        Identify(Arc::new(move |parts| {
+            operator(parts)
+                .filter(|name| valid_name(name))
+                .map(Operator)
+                .ok_or(Unidentified::Refuse)
+        }))
+    }
+
+    /// Every request acts as `operator`: for a console only its operator
+    /// can reach (the standalone tool on a loopback address).
+    pub fn fixed(operator: impl Into<String>) -> Identify {
+        let operator = Operator(operator.into());
+        Identify(Arc::new(move |_| Ok(operator.clone())))
+    }
+
+    /// HTTP Basic authentication with a shared token as the password; the
+    /// user name given is the operator (what the audit records). Wrong or
+    /// missing credentials get a 401 challenge. For the standalone tool
+    /// with `OUTBOX_CONSOLE_TOKEN`.
+    pub fn basic_token(token: impl Into<String>) -> Identify {
+        let token = token.into();
+        Identify(Arc::new(move |parts| {
+            basic_credentials(&parts.headers)
+                .filter(|(user, password)| {
+                    valid_name(user) && same(password.as_bytes(), token.as_bytes())
+                })
+                .map(|(user, _)| Operator(user))
+                .ok_or(Unidentified::Challenge)
+        }))
+    }
+
+    /// The operator is the value of `header`, set by a proxy in front of
+    /// the console that authenticated the user (and strips the header from
+    /// what clients send). Use only behind such a proxy.
+    pub fn trusted_header(header: &'static str) -> Identify {
+        Identify::from_fn(move |parts| {
+            parts
+                .headers
+                .get(header)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        })
+    }
+
+    pub(crate) fn operator(&self, parts: &Parts) -> Result<Operator, Unidentified> {
+        (self.0)(parts)
+    }
+}
+
+/// An operator name the audit can keep: 1 to 200 printable characters.
+fn valid_name(name: &str) -> bool {
+    let name = name.trim();
+    !name.is_empty() && name.chars().count() <= 200 && !name.chars().any(char::is_control)
+}
+
+/// The user and password of an `Authorization: Basic` header.
+fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+    let value = headers.get("authorization")?.to_str().ok()?;
+    let encoded = value.strip_prefix("Basic ")?.trim();
+    let decoded = String::from_utf8(base64_decode(encoded)?).ok()?;
+    let (user, password) = decoded.split_once(':')?;
+    Some((user.to_owned(), password.to_owned()))
+}
+
+/// Standard base64 (with padding) decoded; `None` for anything else.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let text = text.trim_end_matches('=');
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let mut buffer = 0u32;
+    let mut bits = 0;
+    for byte in text.bytes() {
+        let value = ALPHABET.iter().position(|&c| c == byte)? as u32;
+        buffer = (buffer << 6) | value;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buffer >> bits) as u8);
+            buffer &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let a = Sha256::digest(a);
+    let b = Sha256::digest(b);
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// CSRF tokens: a secret drawn when the console is built, hashed with the
+/// operator's name. A page can only carry the token if it was rendered
+/// for that operator by this console; another site's form cannot know it.
+#[derive(Clone)]
+pub(crate) struct CsrfKey([u8; 32]);
+
+impl CsrfKey {
+    /// A fresh random key (two v4 UUIDs: 244 random bits).
+    pub(crate) fn random() -> CsrfKey {
+        let mut key = [0u8; 32];
+        key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+        key[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+        CsrfKey(key)
+    }
+
+    /// The token of `operator`'s forms.
+    pub(crate) fn token(&self, operator: &Operator) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(self.0);
+        hasher.update([0]);
+        hasher.update(operator.0.as_bytes());
+        hex::encode(hasher.finalize())
+    }
+
+    /// Whether `given` is `operator`'s token.
+    pub(crate) fn accepts(&self, operator: &Operator, given: Option<&str>) -> bool {
+        given.is_some_and(|given| same(given.as_bytes(), self.token(operator).as_bytes()))
+    }
+}
+
+/// Whether a POST comes from another site: browsers say so in
+/// `Sec-Fetch-Site`, and in an `Origin` whose host is not the `Host`.
+pub(crate) fn cross_site(headers: &HeaderMap) -> bool {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = header("sec-fetch-site")
+        && (site == "cross-site" || site == "same-site")
+    {
+        return true;
+    }
+    match (header("origin"), header("host")) {
+        (Some("null"), _) => true,
+        (Some(origin), Some(host)) => {
+            let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+            origin_host != host
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_credentials_decode() {
+        let mut headers = HeaderMap::new();
+        // "ada:s3cret"
+        headers.insert("authorization", "Basic YWRhOnMzY3JldA==".parse().unwrap());
+        assert_eq!(
+            basic_credentials(&headers),
+            Some(("ada".to_owned(), "s3cret".to_owned()))
+        );
+        headers.insert("authorization", "Basic !!".parse().unwrap());
+        assert_eq!(basic_credentials(&headers), None);
+    }
+
+    #[test]
+    fn tokens_are_per_operator_and_per_key() {
+        let key = CsrfKey::random();
+        let ada = Operator("ada".into());
+        let bob = Operator("bob".into());
+        let token = key.token(&ada);
+        assert!(key.accepts(&ada, Some(&token)));
+        assert!(!key.accepts(&bob, Some(&token)));
+        assert!(!key.accepts(&ada, None));
+        assert!(!CsrfKey::random().accepts(&ada, Some(&token)));
+    }
+
+    #[test]
+    fn cross_site_posts_are_recognised() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", "127.0.0.1:8080".parse().unwrap());
+        assert!(!cross_site(&headers));
+        headers.insert("origin", "http://127.0.0.1:8080".parse().unwrap());
+        assert!(!cross_site(&headers));
+        headers.insert("origin", "https://evil.example".parse().unwrap());
+        assert!(cross_site(&headers));
+        headers.remove("origin");
+        headers.insert("sec-fetch-site", "cross-site".parse().unwrap());
+        assert!(cross_site(&headers));
+    }
+}

@@ -1,0 +1,198 @@
+//! A web operations console for the outbox, on the operations API.
+//!
+//! [`Console::router`] is an axum [`Router`] a service mounts behind its own
+//! authentication; `outbox console --listen 127.0.0.1:8080` serves the same
+//! console standalone. Pages are rendered on the server as plain HTML and
+//! forms (they work without JavaScript; one small script, shipped in the
+//! crate, only shows times in the viewer's zone):
+//!
+//! - `/`: the status (backlog and its oldest age, failed, blocked,
+//!   consumers with their lag, duplicates and letters, the relay workers'
+//!   partitions, the problems a health check flags);
+//! - `/events`: events by status with the CLI's filters and paging;
+//!   `/events/{id}` one event, its payload redacted, its audit history;
+//! - `/blocked`: aggregates waiting behind a retrying or failed head;
+//! - `/consumers/{consumer}/{quarantined|dead_lettered}`: a consumer's
+//!   letters grouped by error fingerprint (the same failure once, with a
+//!   count, first and last seen, example ids); `…/{id}` one letter;
+//! - `/audit`: the audit log.
+//!
+//! Every action (retry or skip a failed head, retry a retrying head now,
+//! republish, replay or discard letters) is a POST carrying a CSRF token,
+//! shows first what it would touch (by id, or by a filter capped at an
+//! explicit limit), and runs only when confirmed with a reason, through the
+//! operations API, which writes the audit row with the operator that
+//! [`Identify`] names. [`Console::read_only`] refuses every action.
+//!
+//! ```no_run
+//! # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_console::{Console, Identify};
+//! use outbox_core::ops::Ops;
+//! use outbox_core::store::SchemaName;
+//!
+//! # #[derive(Clone)] struct User { login: String }
+//! let ops = Ops::new(pool, SchemaName::new("app")?);
+//! let console = Console::new(
+//!     ops,
+//!     // Who the operator is: here, what the service's auth middleware found.
+//!     Identify::from_fn(|parts| parts.extensions.get::<User>().map(|u| u.login.clone())),
+//! );
+//! let app = axum::Router::new().nest("/outbox", console.base_path("/outbox").router());
+//! # let _ = app; Ok(()) }
+//! ```
+
+mod actions;
+mod error;
+mod form;
+mod identity;
+mod store;
+mod views;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+pub use error::ConsoleError;
+pub use identity::{Identify, Operator};
+pub use store::ConsoleStore;
+
+use identity::{CsrfKey, Unidentified};
+
+/// The console over one store. Build it, then take its [`Console::router`].
+#[derive(Debug, Clone)]
+pub struct Console<S> {
+    store: S,
+    identify: Identify,
+    read_only: bool,
+    base_path: String,
+}
+
+impl<S: ConsoleStore> Console<S> {
+    /// A console over `store`, whose requests' operators `identify` names.
+    pub fn new(store: S, identify: Identify) -> Console<S> {
+        Console {
+            store,
+            identify,
+            read_only: false,
+            base_path: String::new(),
+        }
+    }
+
+    /// The path the router is nested under (`"/outbox"` for
+    /// `Router::nest("/outbox", …)`); links are built from it. Default:
+    /// served at the root.
+    pub fn base_path(mut self, path: impl Into<String>) -> Console<S> {
+        self.base_path = path.into().trim_end_matches('/').to_owned();
+        self
+    }
+
+    /// Shows everything and refuses every action (403), hiding their
+    /// buttons.
+    pub fn read_only(mut self, read_only: bool) -> Console<S> {
+        self.read_only = read_only;
+        self
+    }
+
+    /// The routes, to serve, or to nest under the [`Console::base_path`].
+    pub fn router(self) -> Router {
+        let shared = Arc::new(Shared {
+            store: self.store,
+            read_only: self.read_only,
+            base: self.base_path,
+            csrf: CsrfKey::random(),
+        });
+        let identify = self.identify;
+        Router::new()
+            .route("/", get(views::status::page::<S>))
+            .route("/events", get(views::events::list::<S>))
+            .route("/events/{id}", get(views::events::detail::<S>))
+            .route("/blocked", get(views::blocked::page::<S>))
+            .route(
+                "/consumers/{consumer}/{kind}",
+                get(views::letters::list::<S>),
+            )
+            .route(
+                "/consumers/{consumer}/{kind}/{id}",
+                get(views::letters::detail::<S>),
+            )
+            .route("/audit", get(views::audit::page::<S>))
+            .route("/actions/preview", post(actions::preview::<S>))
+            .route("/actions/run", post(actions::run::<S>))
+            .route("/assets/console.css", get(views::assets::css))
+            .route("/assets/console.js", get(views::assets::js))
+            .fallback(not_found)
+            .with_state(shared)
+            .layer(middleware::from_fn(move |request, next| {
+                identified(identify.clone(), request, next)
+            }))
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct Shared<S> {
+    pub(crate) store: S,
+    pub(crate) read_only: bool,
+    /// The mount path links start with.
+    pub(crate) base: String,
+    pub(crate) csrf: CsrfKey,
+}
+
+/// A handler's state.
+pub(crate) type Ctx<S> = State<Arc<Shared<S>>>;
+
+async fn not_found() -> ConsoleError {
+    ConsoleError::NotFound("no such page".into())
+}
+
+/// Names the operator of every request (refusing those without one) and
+/// sets the headers that keep the pages to themselves: no framing, no
+/// script or style from elsewhere, no caching, no referrer.
+async fn identified(identify: Identify, request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let mut response = match identify.operator(&parts) {
+        Ok(operator) => {
+            parts.extensions.insert(operator);
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(Unidentified::Challenge) => {
+            let mut response = (
+                StatusCode::UNAUTHORIZED,
+                "the outbox console needs an operator name and the console token (HTTP Basic)",
+            )
+                .into_response();
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"outbox console\", charset=\"UTF-8\""),
+            );
+            response
+        }
+        Err(Unidentified::Refuse) => (
+            StatusCode::FORBIDDEN,
+            "the outbox console serves identified operators only",
+        )
+            .into_response(),
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}

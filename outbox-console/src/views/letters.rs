@@ -1,0 +1,382 @@
+//! `/consumers/{consumer}/{kind}`: a consumer's quarantine or dead letters
+//! grouped by error fingerprint (the same failure once, with a count, first
+//! and last seen, example ids), one group's letters to act on, and
+//! `/consumers/{consumer}/{kind}/{id}`: one letter in detail.
+
+use axum::Extension;
+use axum::extract::{Path, RawQuery, State};
+use chrono::{DateTime, Utc};
+use maud::{Markup, html};
+use outbox_core::ops::format::{error_fingerprint, error_shape};
+use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord};
+
+use super::{audit_table, csrf_field, cut, frame, history, json, maybe_time, seg, time};
+use crate::form::{Fields, query};
+use crate::{ConsoleError, ConsoleStore, Ctx, Operator, Shared};
+
+/// The most letters a grouping reads (five pages of 1,000, oldest first).
+pub(crate) const GROUP_SCAN: usize = 5_000;
+
+/// The filter fields a letters listing keeps in its links.
+const FILTER_FIELDS: [&str; 7] = [
+    "event_type",
+    "aggregate_type",
+    "aggregate_id",
+    "reason",
+    "since",
+    "until",
+    "resolved",
+];
+
+/// `quarantined` or `dead_lettered` from a path.
+pub(crate) fn kind_of(name: &str) -> Result<LetterKind, ConsoleError> {
+    match name {
+        "quarantined" => Ok(LetterKind::Quarantined),
+        "dead_lettered" => Ok(LetterKind::DeadLettered),
+        other => Err(ConsoleError::NotFound(format!(
+            "letters of kind {other:?} (quarantined or dead_lettered)"
+        ))),
+    }
+}
+
+/// The letters filter of a query string or form.
+pub(crate) fn letter_filter(
+    consumer: &str,
+    kind: LetterKind,
+    fields: &Fields,
+) -> Result<LetterFilter, ConsoleError> {
+    let text = |name: &str| fields.get(name).map(str::to_owned);
+    Ok(LetterFilter {
+        consumer: consumer.to_owned(),
+        kind,
+        event_type: text("event_type"),
+        aggregate_type: text("aggregate_type"),
+        aggregate_id: text("aggregate_id"),
+        since: fields.time("since")?,
+        until: fields.time("until")?,
+        reason_contains: text("reason"),
+        include_resolved: fields.get("resolved").is_some(),
+        after: None,
+        limit: Some(1000),
+    })
+}
+
+/// The letters matching `filter` (up to [`GROUP_SCAN`], oldest first) and
+/// whether there were more.
+pub(crate) async fn scan<S: ConsoleStore>(
+    store: &S,
+    mut filter: LetterFilter,
+) -> Result<(Vec<LetterRecord>, bool), ConsoleError> {
+    let mut letters = Vec::new();
+    loop {
+        let page = store.letters(&filter).await?;
+        letters.extend(page.items);
+        match page.next {
+            Some(next) if letters.len() < GROUP_SCAN => filter.after = Some(next),
+            Some(_) => return Ok((letters, true)),
+            None => return Ok((letters, false)),
+        }
+    }
+}
+
+/// The letters of one fingerprint among those matching `filter`, oldest
+/// first.
+pub(crate) async fn group_members<S: ConsoleStore>(
+    store: &S,
+    filter: LetterFilter,
+    fingerprint: &str,
+) -> Result<Vec<LetterRecord>, ConsoleError> {
+    let (letters, _) = scan(store, filter).await?;
+    Ok(letters
+        .into_iter()
+        .filter(|l| error_fingerprint(&l.reason) == fingerprint)
+        .collect())
+}
+
+/// One failure and the letters that share it.
+struct Group<'a> {
+    fingerprint: String,
+    shape: String,
+    letters: Vec<&'a LetterRecord>,
+}
+
+impl Group<'_> {
+    fn first_seen(&self) -> Option<DateTime<Utc>> {
+        self.letters.iter().map(|l| l.created_at).min()
+    }
+
+    fn last_seen(&self) -> Option<DateTime<Utc>> {
+        self.letters.iter().map(|l| l.created_at).max()
+    }
+
+    fn event_types(&self) -> String {
+        let mut types: Vec<String> = self
+            .letters
+            .iter()
+            .map(|l| match (&l.event_type, l.schema_version) {
+                (Some(t), Some(v)) => format!("{t} v{v}"),
+                (Some(t), None) => t.clone(),
+                _ => "unreadable".to_owned(),
+            })
+            .collect();
+        types.sort();
+        types.dedup();
+        types.join(", ")
+    }
+}
+
+fn groups(letters: &[LetterRecord]) -> Vec<Group<'_>> {
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    for letter in letters {
+        let fingerprint = error_fingerprint(&letter.reason);
+        match groups.iter_mut().find(|g| g.fingerprint == fingerprint) {
+            Some(group) => group.letters.push(letter),
+            None => groups.push(Group {
+                fingerprint,
+                shape: error_shape(&letter.reason),
+                letters: vec![letter],
+            }),
+        }
+    }
+    groups.sort_by(|a, b| {
+        b.letters
+            .len()
+            .cmp(&a.letters.len())
+            .then(a.first_seen().cmp(&b.first_seen()))
+    });
+    groups
+}
+
+/// The grouped listing, or one group's letters with `?fingerprint=`.
+pub(crate) async fn list<S: ConsoleStore>(
+    State(shared): Ctx<S>,
+    Extension(operator): Extension<Operator>,
+    Path((consumer, kind)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+) -> Result<Markup, ConsoleError> {
+    let kind = kind_of(&kind)?;
+    if !shared.store.keeps_letters() {
+        return Err(ConsoleError::NoConsumerTables);
+    }
+    let fields = Fields::parse(raw.unwrap_or_default().as_bytes());
+    let filter = letter_filter(&consumer, kind, &fields)?;
+    let (letters, more) = scan(&shared.store, filter).await?;
+    let base = &shared.base;
+    let here = format!("{base}/consumers/{}/{}", seg(&consumer), kind.as_str());
+    let kept: Vec<(&str, String)> = FILTER_FIELDS
+        .iter()
+        .map(|name| (*name, fields.get(name).unwrap_or_default().to_owned()))
+        .collect();
+    let groups = groups(&letters);
+    let selected = fields.get("fingerprint");
+    let title = match kind {
+        LetterKind::Quarantined => format!("Quarantine of {consumer}"),
+        LetterKind::DeadLettered => format!("Dead letters of {consumer}"),
+    };
+    let body = html! {
+        form.filters method="get" action=(here) {
+            (text_input("event type", "event_type", &fields))
+            (text_input("aggregate type", "aggregate_type", &fields))
+            (text_input("aggregate id", "aggregate_id", &fields))
+            (text_input("reason contains", "reason", &fields))
+            (text_input("since (UTC)", "since", &fields))
+            (text_input("until (UTC)", "until", &fields))
+            label { "closed too" input type="checkbox" name="resolved" value="1" checked[fields.get("resolved").is_some()]; }
+            button type="submit" { "Filter" }
+        }
+        @if more {
+            p.note #truncated { "Grouped over the oldest " (GROUP_SCAN) " matching letters; narrow the filter to see the rest." }
+        }
+        @match selected {
+            None => (group_table(&here, &kept, &groups)),
+            Some(fingerprint) => {
+                @let members: Vec<&LetterRecord> = groups.iter().find(|g| g.fingerprint == fingerprint).map(|g| g.letters.clone()).unwrap_or_default();
+                p { a href={ (here) "?" (query(kept.iter().cloned())) } { "All failures" } }
+                (group_letters(&shared, &operator, &here, &kept, fingerprint, kind, &consumer, &members))
+            }
+        }
+    };
+    Ok(frame(&shared, &operator, &title, body))
+}
+
+fn text_input(label: &str, name: &str, fields: &Fields) -> Markup {
+    html! {
+        label { (label)
+            input type="text" name=(name) value=(fields.get(name).unwrap_or_default());
+        }
+    }
+}
+
+fn group_table(here: &str, kept: &[(&str, String)], groups: &[Group<'_>]) -> Markup {
+    html! {
+        table #groups {
+            thead { tr { th { "failure" } th.num { "letters" } th { "first seen" } th { "last seen" } th { "event types" } th { "examples" } } }
+            tbody {
+                @for g in groups {
+                    tr.group data-fingerprint=(g.fingerprint) {
+                        td {
+                            a href={ (here) "?" (query(kept.iter().cloned().chain([("fingerprint", g.fingerprint.clone())]))) } { (cut(&g.shape, 120)) }
+                            br; span.note { "fingerprint " code { (g.fingerprint) } }
+                        }
+                        td.num.count { (g.letters.len()) }
+                        td { (maybe_time(&g.first_seen())) }
+                        td { (maybe_time(&g.last_seen())) }
+                        td { (g.event_types()) }
+                        td {
+                            @for l in g.letters.iter().take(5) {
+                                a href={ (here) "/" (l.id) } { (l.id) } " "
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        @if groups.is_empty() { p.empty #none { "No letters match." } }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn group_letters<S: ConsoleStore>(
+    shared: &Shared<S>,
+    operator: &Operator,
+    here: &str,
+    kept: &[(&str, String)],
+    fingerprint: &str,
+    kind: LetterKind,
+    consumer: &str,
+    members: &[&LetterRecord],
+) -> Markup {
+    let base = &shared.base;
+    let selectable = !shared.read_only && members.iter().any(|l| l.resolved_at.is_none());
+    let shown = &members[..members.len().min(500)];
+    html! {
+        form.confirm method="post" action={ (base) "/actions/preview" } {
+            (csrf_field(shared, operator))
+            input type="hidden" name="consumer" value=(consumer);
+            input type="hidden" name="kind" value=(kind.as_str());
+            table #letters {
+                thead { tr {
+                    @if selectable { th { input.select-all type="checkbox" title="all"; } }
+                    th { "letter" } th { "event" } th { "aggregate" } th.num { "version" } th { "reason" } th.num { "attempts" } th { "at" } th { "state" }
+                } }
+                tbody {
+                    @for l in shown {
+                        tr {
+                            @if selectable { td { @if l.resolved_at.is_none() { input type="checkbox" name="id" value=(l.id); } } }
+                            td { a href={ (here) "/" (l.id) } { (l.id) } }
+                            td { (l.event_type.as_deref().unwrap_or("unreadable")) @if let Some(v) = l.schema_version { " v" (v) } }
+                            td { (l.aggregate_type.as_deref().unwrap_or("-")) " / " (l.aggregate_id.as_deref().unwrap_or("-")) }
+                            td.num { (l.aggregate_version.map(|v| v.to_string()).unwrap_or_default()) }
+                            td { (cut(&l.reason, 90)) }
+                            td.num { (l.attempts) }
+                            td { (time(&l.created_at)) }
+                            td { (letter_state(l)) }
+                        }
+                    }
+                }
+            }
+            @if members.len() > shown.len() { p.note { "Showing the oldest " (shown.len()) " of " (members.len()) "." } }
+            @if selectable {
+                div.actions {
+                    "With the ticked letters: "
+                    button type="submit" name="action" value="replay" { "Replay" }
+                    button.danger type="submit" name="action" value="discard" { "Discard" }
+                }
+            }
+        }
+        @if selectable {
+            h2 { "The whole group" }
+            form.actions method="post" action={ (base) "/actions/preview" } {
+                (csrf_field(shared, operator))
+                input type="hidden" name="by" value="filter";
+                input type="hidden" name="consumer" value=(consumer);
+                input type="hidden" name="kind" value=(kind.as_str());
+                input type="hidden" name="fingerprint" value=(fingerprint);
+                @for (name, value) in kept {
+                    @if !value.is_empty() { input type="hidden" name=(name) value=(value); }
+                }
+                label { "the oldest "
+                    input type="number" name="limit" min="1" max="1000" required value=(members.len().min(100));
+                    " open letters of this failure: "
+                }
+                button type="submit" name="action" value="replay" { "Replay" }
+                button.danger type="submit" name="action" value="discard" { "Discard" }
+                span.note { "You will see which letters first, and confirm with a reason." }
+            }
+        }
+    }
+}
+
+fn letter_state(l: &LetterRecord) -> Markup {
+    html! {
+        @if let Some(resolution) = &l.resolution {
+            "closed: " (resolution)
+        } @else if l.replay_requested_at.is_some() {
+            "replay requested"
+        } @else {
+            "open"
+        }
+    }
+}
+
+/// One letter.
+pub(crate) async fn detail<S: ConsoleStore>(
+    State(shared): Ctx<S>,
+    Extension(operator): Extension<Operator>,
+    Path((consumer, kind, id)): Path<(String, String, String)>,
+) -> Result<Markup, ConsoleError> {
+    let kind = kind_of(&kind)?;
+    let id: i64 = id
+        .parse()
+        .map_err(|_| ConsoleError::BadRequest(format!("{id:?} is not a letter id")))?;
+    let letter = shared
+        .store
+        .letter(&consumer, id)
+        .await?
+        .filter(|l| l.kind == kind.as_str())
+        .ok_or_else(|| {
+            ConsoleError::NotFound(format!("{} letter {id} of {consumer}", kind.as_str()))
+        })?;
+    let history = history(&shared.store, &consumer, &id.to_string()).await?;
+    let base = &shared.base;
+    let open = letter.resolved_at.is_none();
+    let body = html! {
+        p { a href={ (base) "/consumers/" (seg(&consumer)) "/" (kind.as_str()) } { "All " (kind.as_str().replace('_', " ")) " letters of " (consumer) } }
+        dl.record #letter {
+            dt { "state" } dd #state { (letter_state(&letter)) }
+            dt { "reason" } dd #reason { (letter.reason) }
+            dt { "fingerprint" } dd { code { (error_fingerprint(&letter.reason)) } }
+            dt { "event" } dd { code { (letter.event_id.map(|i| i.to_string()).unwrap_or_else(|| "unreadable".into())) } }
+            dt { "event type" } dd { (letter.event_type.as_deref().unwrap_or("-")) @if let Some(v) = letter.schema_version { " (schema version " (v) ")" } }
+            dt { "aggregate" } dd { (letter.aggregate_type.as_deref().unwrap_or("-")) " / " (letter.aggregate_id.as_deref().unwrap_or("-")) @if let Some(v) = letter.aggregate_version { " version " (v) } }
+            dt { "attempts" } dd { (letter.attempts) }
+            dt { "written" } dd { (time(&letter.created_at)) }
+            dt { "replays" } dd { (letter.replays) }
+            dt { "last replay error" } dd { (letter.last_replay_error.as_deref().unwrap_or("-")) }
+            dt { "replay requested" } dd { (maybe_time(&letter.replay_requested_at)) }
+            dt { "closed" } dd { (maybe_time(&letter.resolved_at)) }
+        }
+        h2 { "Headers" }
+        (json(&letter.headers))
+        h2 { "Payload (redacted)" }
+        (json(&letter.payload))
+        @if open && !shared.read_only {
+            form.actions method="post" action={ (base) "/actions/preview" } {
+                (csrf_field(&shared, &operator))
+                input type="hidden" name="consumer" value=(consumer);
+                input type="hidden" name="kind" value=(kind.as_str());
+                input type="hidden" name="id" value=(letter.id);
+                button type="submit" name="action" value="replay" { "Replay" }
+                button.danger type="submit" name="action" value="discard" { "Discard" }
+            }
+        }
+        h2 { "History" }
+        (audit_table(&history))
+    };
+    Ok(frame(
+        &shared,
+        &operator,
+        &format!("Letter {id} of {consumer}"),
+        body,
+    ))
+}

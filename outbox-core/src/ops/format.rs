@@ -1,0 +1,146 @@
+//! How operator tools word what the operations API returns, shared by the
+//! `outbox` CLI and the web console so they say the same thing: ages as
+//! short durations, and error texts reduced to a fingerprint so that the
+//! same failure of many messages shows once, with a count.
+
+use sha2::{Digest, Sha256};
+
+/// An age in seconds as a short duration (`42s`, `3m 12s`, `2h 5m`,
+/// `3d 4h`); empty for none.
+pub fn short_age(seconds: Option<f64>) -> String {
+    let Some(seconds) = seconds else {
+        return String::new();
+    };
+    let s = seconds.max(0.0) as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m {}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d {}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// The most characters of an error's shape that count.
+const SHAPE_CHARS: usize = 240;
+
+/// An error text with what differs between occurrences of the same failure
+/// replaced by placeholders: quoted values (`'…'`, `"…"`, opening after a
+/// non-word character) become `'?'`, numbers `<n>`, and words that hold a
+/// digit (ids such as `c17`, `order-0042`, a UUID, a hex digest) `<id>`;
+/// whitespace is collapsed and the text cut at 240 characters.
+///
+/// `handler failed: invalid input for "4000…": row 17 of order-81` and the
+/// same message for another value, row and order have one shape.
+pub fn error_shape(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len().min(SHAPE_CHARS));
+    let mut i = 0;
+    while i < chars.len() && out.chars().count() < SHAPE_CHARS {
+        let c = chars[i];
+        let after_word = i > 0 && is_token(chars[i - 1]);
+        if (c == '\'' || c == '"')
+            && !after_word
+            && let Some(end) = chars[i + 1..].iter().position(|&q| q == c)
+        {
+            out.push_str("'?'");
+            i += end + 2;
+            continue;
+        }
+        if is_token(c) {
+            let len = chars[i..].iter().take_while(|c| is_token(**c)).count();
+            let mut token = &chars[i..i + len];
+            // A sentence's full stop or a dash after a word is not part of it.
+            while let Some((last, rest)) = token.split_last() {
+                if *last == '.' || *last == '-' {
+                    token = rest;
+                } else {
+                    break;
+                }
+            }
+            let word: String = token.iter().collect();
+            if token.iter().all(char::is_ascii_digit) && !token.is_empty() {
+                out.push_str("<n>");
+            } else if token.iter().any(char::is_ascii_digit) {
+                out.push_str("<id>");
+            } else {
+                out.push_str(&word);
+            }
+            out.extend(&chars[i + token.len()..i + len]);
+            i += len;
+            continue;
+        }
+        if c.is_whitespace() {
+            if !out.ends_with(' ') {
+                out.push(' ');
+            }
+        } else {
+            out.push(c);
+        }
+        i += 1;
+    }
+    out.trim().to_owned()
+}
+
+/// A character of a word, an id or a number (`order-0042`, `1.5`).
+fn is_token(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
+
+/// The fingerprint of an error text: the first 12 hex digits of the
+/// SHA-256 of its [`error_shape`]. Errors with one shape share it.
+pub fn error_fingerprint(text: &str) -> String {
+    let digest = Sha256::digest(error_shape(text).as_bytes());
+    hex::encode(&digest[..6])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_short() {
+        assert_eq!(short_age(None), "");
+        assert_eq!(short_age(Some(42.7)), "42s");
+        assert_eq!(short_age(Some(192.0)), "3m 12s");
+        assert_eq!(short_age(Some(7_500.0)), "2h 5m");
+        assert_eq!(short_age(Some(273_600.0)), "3d 4h");
+    }
+
+    #[test]
+    fn occurrences_of_one_failure_share_a_shape() {
+        let a = error_shape(
+            "handler failed: invalid input syntax for type uuid: \"abc\" (row 17, event 0193b6f0-1c2d-7e3f-8a9b-0c1d2e3f4a5b)",
+        );
+        let b = error_shape(
+            "handler failed:  invalid input syntax for type uuid: \"[REDACTED]\" (row 4, event 0193b6f0-1c2d-7e3f-8a9b-0c1d2e3f4a5c)",
+        );
+        assert_eq!(a, b);
+        assert_eq!(
+            a,
+            "handler failed: invalid input syntax for type uuid: '?' (row <n>, event <id>)"
+        );
+        assert_eq!(
+            error_fingerprint("downstream refuses counter c1."),
+            error_fingerprint("downstream refuses counter c27.")
+        );
+        assert_eq!(
+            error_shape("order order-0042 timed out after 1.5 s."),
+            "order <id> timed out after <id> s."
+        );
+    }
+
+    #[test]
+    fn different_failures_differ_and_plain_words_stay() {
+        assert_ne!(
+            error_fingerprint("connection refused"),
+            error_fingerprint("permission denied")
+        );
+        assert_eq!(
+            error_shape("card.charged is unknown"),
+            "card.charged is unknown"
+        );
+        assert_eq!(error_shape("it's 'unclosed"), "it's 'unclosed");
+        assert_eq!(error_shape("a - b"), "a - b");
+        assert_eq!(error_fingerprint("x").len(), 12);
+    }
+}

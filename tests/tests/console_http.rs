@@ -1,0 +1,769 @@
+//! The web console through its router, on a real PostgreSQL outbox: every
+//! view renders the incident (a failed head blocking its aggregate, dead
+//! letters of two failures, a quarantined message) with redacted payloads;
+//! every action is a two-step POST that needs the operator's CSRF token,
+//! shows first what it would touch, and writes an audit row in the
+//! operator's name; read-only consoles, cross-site posts and requests
+//! without an operator are refused; a SQLite outbox is served too.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use outbox_console::{Console, Identify};
+use outbox_core::ContractRegistry;
+use outbox_core::Envelope;
+use outbox_core::OutboxEvent;
+use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Ordering, Outcome, RetryPolicy};
+use outbox_core::ops::{EventFilter, EventStatus, LetterFilter, LetterKind, Ops};
+use outbox_core::relay::{Relay, RelayConfig};
+use outbox_core::store::PgRelayStore;
+use outbox_core::transport::PublishFailure;
+use outbox_tests::console::{get, post, post_with};
+use outbox_tests::consumers::{create_effects, effect_handler, tick, tick_consumer};
+use outbox_tests::events::{CardCharged, ParcelBooked, ParcelBookedV2};
+use outbox_tests::transports::RecordingTransport;
+use outbox_tests::{TestDb, wait};
+use uuid::Uuid;
+
+/// The card number of every seeded charge: a `redact` field, never shown.
+const SECRET: u64 = 4_111_999_988_887_777;
+
+/// A failed head (v1 of card `ch-1`, v2 waiting behind it), and a failed
+/// event of card `ch-2`, as a relay whose broker refuses every first
+/// version leaves them. Returns the two failed ids.
+async fn seed_failed(db: &TestDb) -> (Uuid, Uuid) {
+    let charge = |id: &str| CardCharged {
+        charge_id: id.into(),
+        card_number: SECRET,
+        amount_cents: 1250,
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox
+        .emit_all(&mut tx, &[charge("ch-1"), charge("ch-1"), charge("ch-2")])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let transport = RecordingTransport::failing(|e: &Envelope| {
+        (e.aggregate_version == 1)
+            .then(|| PublishFailure::permanent("message too large for the broker"))
+    });
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        stats_interval: Duration::ZERO,
+        ..RelayConfig::default()
+    };
+    let store = PgRelayStore::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        config.failed_head_policy,
+        config.claim_timeout,
+    );
+    let relay = Relay::start(store, transport, config, "console")
+        .await
+        .unwrap();
+    wait::until(
+        "both first versions failed",
+        Duration::from_secs(20),
+        || async {
+            db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_events WHERE status = 'failed'")
+                .await
+                == 2
+        },
+    )
+    .await;
+    relay.drain(Duration::from_secs(5)).await.unwrap();
+    let ops = Ops::new(db.pool.clone(), db.schema.clone());
+    let failed = ops
+        .events(&EventFilter {
+            status: EventStatus::Failed,
+            ..EventFilter::default()
+        })
+        .await
+        .unwrap();
+    let id_of = |aggregate: &str| {
+        failed
+            .items
+            .iter()
+            .find(|e| e.aggregate_id == aggregate)
+            .unwrap()
+            .id
+    };
+    (id_of("ch-1"), id_of("ch-2"))
+}
+
+/// Three dead letters of consumer `billing` with one failure (the handler
+/// refuses counters c1..c3) and one with another failure shape.
+async fn seed_dead_letters(db: &TestDb) {
+    create_effects(db).await;
+    let config = ConsumerConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        ..ConsumerConfig::default()
+    };
+    let consumer = tick_consumer(db, "billing", config, Duration::ZERO, &["c1", "c2", "c3"]);
+    for counter in ["c1", "c2", "c3"] {
+        assert!(matches!(
+            consumer.handle_envelope(&tick(counter, 1)).await.unwrap(),
+            Outcome::DeadLettered { .. }
+        ));
+    }
+}
+
+/// A v3 parcel quarantined at a consumer that reads v2 only.
+async fn seed_quarantine(db: &TestDb) {
+    let consumer = ConsumerBuilder::new("parcels")
+        .config(ConsumerConfig {
+            ordering: Ordering::RejectStale,
+            ..ConsumerConfig::default()
+        })
+        .registry(ContractRegistry::from_contracts([ParcelBookedV2::contract()]).unwrap())
+        .on_fn::<ParcelBookedV2, _>(effect_handler(db.table("effects")))
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let v3 = Envelope::for_event(
+        &ParcelBooked {
+            parcel_id: "p1".into(),
+            weight_kg: 2.5,
+            carrier: "DHL".into(),
+        },
+        1,
+    )
+    .unwrap();
+    assert!(matches!(
+        consumer.handle_envelope(&v3).await.unwrap(),
+        Outcome::Quarantined { .. }
+    ));
+}
+
+fn console(db: &TestDb) -> Router {
+    Console::new(
+        Ops::new(db.pool.clone(), db.schema.clone()),
+        Identify::fixed("ada"),
+    )
+    .router()
+}
+
+async fn audit_rows(db: &TestDb) -> i64 {
+    db.scalar("SELECT count(*) FROM {s}.outbox_audit").await
+}
+
+async fn status_of(db: &TestDb, id: Uuid) -> String {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT status FROM {}.outbox_events WHERE id = $1",
+        db.schema.as_str()
+    )))
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+fn no_secret(path: &str, body: &str) {
+    assert!(
+        !body.contains(&SECRET.to_string()),
+        "{path} shows the redacted card number:\n{body}"
+    );
+}
+
+#[tokio::test]
+async fn every_view_shows_the_incident_with_payloads_redacted() {
+    let db = TestDb::new().await;
+    let (head, other) = seed_failed(&db).await;
+    seed_dead_letters(&db).await;
+    seed_quarantine(&db).await;
+    let router = console(&db);
+
+    let status = get(&router, "/").await.expect(StatusCode::OK);
+    for expected in [
+        "id=\"problems\"",
+        "billing",
+        "parcels",
+        "card / ch-1",
+        &head.to_string(),
+    ] {
+        assert!(
+            status.body.contains(expected),
+            "status lacks {expected}:\n{}",
+            status.body
+        );
+    }
+    assert_eq!(
+        status.headers["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("frame-ancestors 'none'"),
+        true
+    );
+    let failed = get(&router, "/events?status=failed")
+        .await
+        .expect(StatusCode::OK);
+    assert!(failed.body.contains(&head.to_string()) && failed.body.contains(&other.to_string()));
+    let filtered = get(&router, "/events?status=failed&aggregate_id=ch-2")
+        .await
+        .expect(StatusCode::OK);
+    assert!(filtered.body.contains(&other.to_string()));
+    assert!(
+        !filtered.body.contains(&head.to_string()),
+        "the filter keeps ch-2 only"
+    );
+    let paged = get(&router, "/events?status=failed&limit=1")
+        .await
+        .expect(StatusCode::OK);
+    assert!(
+        paged.body.contains("id=\"next\""),
+        "a full page links the next"
+    );
+
+    let event = get(&router, &format!("/events/{head}"))
+        .await
+        .expect(StatusCode::OK);
+    assert!(event.body.contains("[REDACTED]"), "{}", event.body);
+    assert!(event.body.contains("message too large for the broker"));
+    assert!(
+        event.body.contains("&quot;amount_cents&quot;: 1250")
+            || event.body.contains("\"amount_cents\": 1250")
+    );
+    let blocked = get(&router, "/blocked").await.expect(StatusCode::OK);
+    assert!(blocked.body.contains("card / ch-1") && blocked.body.contains(&head.to_string()));
+
+    let letters = get(&router, "/consumers/billing/dead_lettered")
+        .await
+        .expect(StatusCode::OK);
+    // Three letters of one failure shape: one group, counted.
+    assert_eq!(
+        letters.body.matches("class=\"group\"").count(),
+        1,
+        "{}",
+        letters.body
+    );
+    assert!(
+        letters.body.contains("<td class=\"num count\">3</td>"),
+        "{}",
+        letters.body
+    );
+    let fingerprint = {
+        let marker = "data-fingerprint=\"";
+        let start = letters.body.find(marker).unwrap() + marker.len();
+        letters.body[start..start + 12].to_owned()
+    };
+    let group = get(
+        &router,
+        &format!("/consumers/billing/dead_lettered?fingerprint={fingerprint}"),
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert_eq!(
+        group.body.matches("name=\"id\"").count(),
+        3,
+        "{}",
+        group.body
+    );
+    let ops = Ops::new(db.pool.clone(), db.schema.clone());
+    let letter = ops
+        .letters(&LetterFilter {
+            consumer: "billing".into(),
+            kind: LetterKind::DeadLettered,
+            ..LetterFilter::default()
+        })
+        .await
+        .unwrap()
+        .items[0]
+        .clone();
+    let detail = get(
+        &router,
+        &format!("/consumers/billing/dead_lettered/{}", letter.id),
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(
+        detail.body.contains("downstream refuses counter c1"),
+        "{}",
+        detail.body
+    );
+    assert!(detail.body.contains("Headers"));
+    let quarantine = get(&router, "/consumers/parcels/quarantined")
+        .await
+        .expect(StatusCode::OK);
+    assert!(
+        quarantine.body.contains("schema version"),
+        "{}",
+        quarantine.body
+    );
+    // A letter asked for under the other kind is not there.
+    get(
+        &router,
+        &format!("/consumers/billing/quarantined/{}", letter.id),
+    )
+    .await
+    .expect(StatusCode::NOT_FOUND);
+    get(&router, "/consumers/billing/sideways")
+        .await
+        .expect(StatusCode::NOT_FOUND);
+    get(&router, "/events/not-a-uuid")
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    get(&router, &format!("/events/{}", Uuid::now_v7()))
+        .await
+        .expect(StatusCode::NOT_FOUND);
+    get(&router, "/events?status=lost")
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    get(&router, "/audit").await.expect(StatusCode::OK);
+    get(&router, "/assets/console.js")
+        .await
+        .expect(StatusCode::OK);
+
+    for path in [
+        "/".to_owned(),
+        "/events?status=failed".to_owned(),
+        "/events?status=pending".to_owned(),
+        format!("/events/{head}"),
+        "/blocked".to_owned(),
+    ] {
+        let page = get(&router, &path).await.expect(StatusCode::OK);
+        no_secret(&path, &page.body);
+    }
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
+    let db = TestDb::new().await;
+    let (head, other) = seed_failed(&db).await;
+    let router = console(&db);
+    let page = get(&router, "/events?status=failed")
+        .await
+        .expect(StatusCode::OK);
+    let csrf = page.csrf();
+    let head_id = head.to_string();
+
+    // No token, a wrong token, another site: refused, nothing written.
+    post(
+        &router,
+        "/actions/preview",
+        &[("action", "retry-failed"), ("id", &head_id)],
+    )
+    .await
+    .expect(StatusCode::FORBIDDEN);
+    let wrong = "0".repeat(64);
+    post(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "retry-failed"),
+            ("id", &head_id),
+            ("csrf", &wrong),
+            ("reason", "r"),
+        ],
+    )
+    .await
+    .expect(StatusCode::FORBIDDEN);
+    post_with(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "retry-failed"),
+            ("id", &head_id),
+            ("csrf", &csrf),
+            ("reason", "r"),
+        ],
+        &[("origin", "https://evil.example")],
+    )
+    .await
+    .expect(StatusCode::FORBIDDEN);
+    // A token of another console (another key) is refused too.
+    let other_console = console(&db);
+    post(
+        &other_console,
+        "/actions/run",
+        &[
+            ("action", "retry-failed"),
+            ("id", &head_id),
+            ("csrf", &csrf),
+            ("reason", "r"),
+        ],
+    )
+    .await
+    .expect(StatusCode::FORBIDDEN);
+    assert_eq!(audit_rows(&db).await, 0);
+    assert_eq!(status_of(&db, head).await, "failed");
+
+    // Step one: what it would touch; nothing changes.
+    let preview = post(
+        &router,
+        "/actions/preview",
+        &[
+            ("action", "retry-failed"),
+            ("id", &head_id),
+            ("csrf", &csrf),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(
+        preview.body.contains("Retry 1 failed event?"),
+        "{}",
+        preview.body
+    );
+    assert!(preview.body.contains("back to pending"));
+    assert!(preview.body.contains(&head_id));
+    no_secret("/actions/preview", &preview.body);
+    assert_eq!(status_of(&db, head).await, "failed");
+    assert_eq!(audit_rows(&db).await, 0);
+
+    // Step two without a reason: refused, nothing written.
+    post(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "retry-failed"),
+            ("id", &head_id),
+            ("csrf", &preview.csrf()),
+            ("reason", " "),
+        ],
+    )
+    .await
+    .expect(StatusCode::BAD_REQUEST);
+    assert_eq!(audit_rows(&db).await, 0);
+
+    let done = post(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "retry-failed"),
+            ("id", &head_id),
+            ("csrf", &preview.csrf()),
+            ("reason", "the broker takes 2 MiB messages again"),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(done.body.contains("retried"), "{}", done.body);
+    assert_eq!(status_of(&db, head).await, "pending");
+    assert_eq!(
+        status_of(&db, other).await,
+        "failed",
+        "only the confirmed id"
+    );
+    let (operator, reason, action): (String, String, String) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT operator, reason, action FROM {}.outbox_audit",
+            db.schema.as_str()
+        )))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (operator.as_str(), reason.as_str(), action.as_str()),
+        (
+            "ada",
+            "the broker takes 2 MiB messages again",
+            "relay.retry"
+        )
+    );
+    let history = get(&router, &format!("/events/{head}"))
+        .await
+        .expect(StatusCode::OK);
+    assert!(
+        history
+            .body
+            .contains("the broker takes 2 MiB messages again")
+    );
+
+    // By filter: an explicit limit is required, and it is the cap.
+    let failed_filter = [
+        ("action", "skip-failed"),
+        ("by", "filter"),
+        ("status", "failed"),
+        ("csrf", csrf.as_str()),
+    ];
+    post(&router, "/actions/preview", &failed_filter)
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    let mut with_limit = failed_filter.to_vec();
+    with_limit.push(("limit", "5000"));
+    post(&router, "/actions/preview", &with_limit)
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    let mut capped = failed_filter.to_vec();
+    capped.push(("limit", "1"));
+    let preview = post(&router, "/actions/preview", &capped)
+        .await
+        .expect(StatusCode::OK);
+    assert!(
+        preview.body.contains("Skip 1 failed event?"),
+        "{}",
+        preview.body
+    );
+    assert!(preview.body.contains(&other.to_string()));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
+    let db = TestDb::new().await;
+    seed_dead_letters(&db).await;
+    let router = console(&db);
+    let listing = get(&router, "/consumers/billing/dead_lettered")
+        .await
+        .expect(StatusCode::OK);
+    let fingerprint = {
+        let marker = "data-fingerprint=\"";
+        let start = listing.body.find(marker).unwrap() + marker.len();
+        listing.body[start..start + 12].to_owned()
+    };
+    let group = get(
+        &router,
+        &format!("/consumers/billing/dead_lettered?fingerprint={fingerprint}"),
+    )
+    .await
+    .expect(StatusCode::OK);
+    let csrf = group.csrf();
+    let preview = post(
+        &router,
+        "/actions/preview",
+        &[
+            ("action", "discard"),
+            ("by", "filter"),
+            ("consumer", "billing"),
+            ("kind", "dead_lettered"),
+            ("fingerprint", &fingerprint),
+            ("limit", "2"),
+            ("csrf", &csrf),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(
+        preview.body.contains("Discard 2 letters?"),
+        "{}",
+        preview.body
+    );
+    let ids: Vec<String> = preview
+        .body
+        .match_indices("type=\"hidden\" name=\"id\" value=\"")
+        .map(|(at, m)| {
+            let rest = &preview.body[at + m.len()..];
+            rest[..rest.find('"').unwrap()].to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 2);
+    let mut fields = vec![
+        ("action", "discard"),
+        ("consumer", "billing"),
+        ("kind", "dead_lettered"),
+        ("csrf", csrf.as_str()),
+        ("reason", "c1 and c2 were settled by hand"),
+    ];
+    fields.extend(ids.iter().map(|id| ("id", id.as_str())));
+    let done = post(&router, "/actions/run", &fields)
+        .await
+        .expect(StatusCode::OK);
+    assert_eq!(done.body.matches(">discarded<").count(), 2, "{}", done.body);
+    let ops = Ops::new(db.pool.clone(), db.schema.clone());
+    let open = ops
+        .letters(&LetterFilter {
+            consumer: "billing".into(),
+            kind: LetterKind::DeadLettered,
+            ..LetterFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(open.items.len(), 1, "the limit left the third open");
+
+    // Replay the last one by id: requested for the running consumer.
+    let last = open.items[0].id.to_string();
+    let done = post(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "replay"),
+            ("consumer", "billing"),
+            ("kind", "dead_lettered"),
+            ("id", &last),
+            ("csrf", &csrf),
+            ("reason", "c3's downstream is back"),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(done.body.contains("replay_requested"), "{}", done.body);
+    let shown = get(&router, &format!("/consumers/billing/dead_lettered/{last}"))
+        .await
+        .expect(StatusCode::OK);
+    assert!(shown.body.contains("replay requested"), "{}", shown.body);
+    assert!(
+        shown.body.contains("c3&#39;s downstream is back")
+            || shown.body.contains("c3's downstream is back")
+    );
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_read_only_console_shows_everything_and_refuses_every_action() {
+    let db = TestDb::new().await;
+    let (head, _) = seed_failed(&db).await;
+    let writable = console(&db);
+    let csrf = get(&writable, "/events?status=failed").await.csrf();
+    let router = Console::new(
+        Ops::new(db.pool.clone(), db.schema.clone()),
+        Identify::fixed("ada"),
+    )
+    .read_only(true)
+    .router();
+    let page = get(&router, "/events?status=failed")
+        .await
+        .expect(StatusCode::OK);
+    assert!(page.body.contains(&head.to_string()));
+    assert!(page.body.contains("read-only"));
+    assert!(
+        !page.body.contains("name=\"action\""),
+        "no action buttons:\n{}",
+        page.body
+    );
+    for path in ["/actions/preview", "/actions/run"] {
+        let refused = post(
+            &router,
+            path,
+            &[
+                ("action", "retry-failed"),
+                ("id", &head.to_string()),
+                ("csrf", &csrf),
+                ("reason", "r"),
+            ],
+        )
+        .await
+        .expect(StatusCode::FORBIDDEN);
+        assert!(refused.body.contains("read-only"), "{}", refused.body);
+    }
+    assert_eq!(status_of(&db, head).await, "failed");
+    assert_eq!(audit_rows(&db).await, 0);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn requests_without_an_operator_see_nothing() {
+    let db = TestDb::new().await;
+    seed_failed(&db).await;
+    let ops = Ops::new(db.pool.clone(), db.schema.clone());
+    let router = Console::new(ops.clone(), Identify::basic_token("a-long-console-token")).router();
+    let refused = get(&router, "/").await.expect(StatusCode::UNAUTHORIZED);
+    assert!(
+        refused.headers["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Basic")
+    );
+    assert!(!refused.body.contains("card"));
+    let send = |credentials: &str| {
+        let router = router.clone();
+        let header = format!("Basic {credentials}");
+        async move {
+            outbox_tests::console::send(
+                &router,
+                axum::http::Request::get("/")
+                    .header("authorization", header)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    // bob:wrong
+    send("Ym9iOndyb25n").await.expect(StatusCode::UNAUTHORIZED);
+    // bob:a-long-console-token
+    let page = send("Ym9iOmEtbG9uZy1jb25zb2xlLXRva2Vu")
+        .await
+        .expect(StatusCode::OK);
+    assert!(
+        page.body.contains("<strong id=\"operator\">bob</strong>"),
+        "{}",
+        page.body
+    );
+
+    let nobody = Console::new(ops, Identify::from_fn(|_| None)).router();
+    get(&nobody, "/").await.expect(StatusCode::FORBIDDEN);
+    get(&nobody, "/assets/console.css")
+        .await
+        .expect(StatusCode::FORBIDDEN);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_sqlite_outbox_is_served_and_says_it_keeps_no_letters() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .connect_with(
+            outbox_sqlite::connect_options(&url)
+                .unwrap()
+                .create_if_missing(true),
+        )
+        .await
+        .unwrap();
+    outbox_sqlite::migrate(&pool).await.unwrap();
+    let id = Uuid::now_v7();
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let payload = serde_json::to_string(&CardCharged {
+        charge_id: "ch-9".into(),
+        card_number: SECRET,
+        amount_cents: 5,
+    })
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, aggregate_version, event_type,
+             schema_version, payload, created_at, status, attempt_count, last_error, first_failed_at, failed_at)
+         VALUES (?, 'card', 'ch-9', 1, 'card.charged', 1, ?, ?, 'failed', 3, 'permanent: refused', ?, ?)",
+    )
+    .bind(id.to_string())
+    .bind(payload)
+    .bind(now_ms)
+    .bind(now_ms)
+    .bind(now_ms)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let ops = outbox_sqlite::SqliteOps::new(pool.clone());
+    let router = Console::new(ops.clone(), Identify::fixed("ada")).router();
+    let status = get(&router, "/").await.expect(StatusCode::OK);
+    assert!(status.body.contains("card / ch-9"), "{}", status.body);
+    let event = get(&router, &format!("/events/{id}"))
+        .await
+        .expect(StatusCode::OK);
+    assert!(event.body.contains("[REDACTED]"), "{}", event.body);
+    no_secret("sqlite event", &event.body);
+    let letters = get(&router, "/consumers/billing/dead_lettered")
+        .await
+        .expect(StatusCode::NOT_FOUND);
+    assert!(
+        letters.body.contains("keeps no consumer tables"),
+        "{}",
+        letters.body
+    );
+    let done = post(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "retry-failed"),
+            ("id", &id.to_string()),
+            ("csrf", &event.csrf()),
+            ("reason", "the broker is back"),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(done.body.contains(">retried<"), "{}", done.body);
+    let failed = ops
+        .events(&EventFilter {
+            status: EventStatus::Failed,
+            ..EventFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(failed.items.is_empty(), "retried on SQLite");
+    let audit = ops.audit(None, None).await.unwrap();
+    assert_eq!(audit.items[0].operator, "ada");
+}
