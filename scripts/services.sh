@@ -288,6 +288,16 @@ ensure_promtool() {
     command -v promtool >/dev/null || die "the prometheus package brought no promtool"
 }
 
+# The console's browser suite drives Debian's Chromium through its
+# chromedriver (no tool that downloads its own browser works offline).
+ensure_chromium() {
+    if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+        return 0
+    fi
+    apt_install chromium chromium-driver || die "chromium and chromedriver are not installed and cannot be installed (apt packages chromium, chromium-driver)"
+    command -v chromedriver >/dev/null || die "the chromium-driver package brought no chromedriver"
+}
+
 ensure_postgres
 ensure_nats
 ensure_rabbitmq

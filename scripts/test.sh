@@ -4,13 +4,15 @@
 # installed but down) and a C toolchain for librdkafka is there (Kafka's
 # tests use librdkafka's in-process mock cluster), then runs the unit, ui (trybuild), behaviour, integration and
 # fault-injection tests, the schema registry check, and the alert rules
-# (promtool, installed from the `prometheus` package when missing).
+# (promtool, installed from the `prometheus` package when missing), and the
+# console's browser suite (Chromium and chromedriver, installed when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
 ensure_c_toolchain
 ensure_tansu
 ensure_promtool
+ensure_chromium
 ensure_mariadb
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc

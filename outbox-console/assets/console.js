@@ -16,7 +16,10 @@ document.addEventListener("DOMContentLoaded", function () {
   });
   document.querySelectorAll("form.confirm").forEach(function (form) {
     form.addEventListener("submit", function () {
-      form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+      // After the browser took the pressed button's value into the form.
+      setTimeout(function () {
+        form.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+      }, 0);
     });
   });
   document.querySelectorAll("input.select-all").forEach(function (box) {

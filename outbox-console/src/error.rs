@@ -53,7 +53,7 @@ impl IntoResponse for ConsoleError {
                 body {
                     h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
                     p.error { (self.to_string()) }
-                    p { a href="javascript:history.back()" { "back" } }
+                    p { "Go back to the previous page to try again." }
                 }
             }
         };

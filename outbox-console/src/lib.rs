@@ -151,7 +151,7 @@ async fn not_found() -> ConsoleError {
 
 /// Names the operator of every request (refusing those without one) and
 /// sets the headers that keep the pages to themselves: no framing, no
-/// script or style from elsewhere, no caching, no referrer.
+/// script or style from elsewhere, no caching, no referrer to other sites.
 async fn identified(identify: Identify, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let mut response = match identify.operator(&parts) {
@@ -191,7 +191,10 @@ async fn identified(identify: Identify, request: Request, next: Next) -> Respons
     );
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        // Not `no-referrer`: under it browsers send `Origin: null` with a
+        // form's POST, and the console could not tell its own forms from
+        // another site's.
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response

@@ -4,6 +4,7 @@
 //! Every helper fails loudly (a panic naming the service and how to start
 //! it) when a service cannot be had: a test never skips.
 
+pub mod browser;
 pub mod chaos;
 pub mod conformance;
 pub mod console;

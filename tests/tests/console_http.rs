@@ -190,13 +190,9 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
             status.body
         );
     }
-    assert_eq!(
-        status.headers["content-security-policy"]
-            .to_str()
-            .unwrap()
-            .contains("frame-ancestors 'none'"),
-        true
-    );
+    let policy = status.headers["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+    assert_eq!(status.headers["cache-control"], "no-store");
     let failed = get(&router, "/events?status=failed")
         .await
         .expect(StatusCode::OK);
@@ -766,4 +762,121 @@ async fn a_sqlite_outbox_is_served_and_says_it_keeps_no_letters() {
     assert!(failed.items.is_empty(), "retried on SQLite");
     let audit = ops.audit(None, None).await.unwrap();
     assert_eq!(audit.items[0].operator, "ada");
+}
+
+/// Starts `outbox console` on `listen` with `env` (stdout and stderr piped).
+fn console_process(db: &TestDb, listen: &str, env: &[(&str, &str)]) -> std::process::Child {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-tool"));
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("OUTBOX_CONSOLE_TOKEN")
+        .args([
+            "--database-url",
+            &outbox_tests::db::test_database_url(),
+            "--schema",
+            db.schema.as_str(),
+            "console",
+            "--listen",
+            listen,
+        ])
+        .env("USER", "ci-operator")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.spawn().expect("run outbox-tool console")
+}
+
+/// One HTTP/1.1 GET over a plain socket: the status line and the body.
+fn http_get(address: &str, path: &str, authorization: Option<&str>) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("the console accepts");
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.lines().next().unwrap_or_default().to_owned();
+    (status, response)
+}
+
+#[tokio::test]
+async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
+    use std::io::BufRead;
+    let db = TestDb::new().await;
+    seed_failed(&db).await;
+
+    // A public address without a token is refused before anything is served.
+    let refused = console_process(&db, "0.0.0.0:0", &[])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("without a token"), "{stderr}");
+    let short = console_process(&db, "127.0.0.1:0", &[("OUTBOX_CONSOLE_TOKEN", "short")])
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(short.status.code(), Some(2));
+
+    // Loopback without a token: served, loudly, as the OS user.
+    let mut child = console_process(&db, "127.0.0.1:0", &[]);
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("outbox console listening on http://")
+        .and_then(|rest| rest.strip_suffix('/'))
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let (status, body) = http_get(&address, "/", None);
+    assert!(status.contains("200"), "{body}");
+    assert!(
+        body.contains("<strong id=\"operator\">ci-operator</strong>"),
+        "{body}"
+    );
+    assert!(body.contains("card / ch-1"), "{body}");
+    child.kill().unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("WARNING") && stderr.contains("ci-operator"),
+        "{stderr}"
+    );
+
+    // With a token: HTTP Basic, the user name is the operator.
+    let token = "a-long-console-token";
+    let mut child = console_process(&db, "127.0.0.1:0", &[("OUTBOX_CONSOLE_TOKEN", token)]);
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let address = line
+        .trim()
+        .trim_start_matches("outbox console listening on http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let (status, _) = http_get(&address, "/", None);
+    assert!(status.contains("401"), "{status}");
+    // bob:a-long-console-token
+    let (status, body) = http_get(
+        &address,
+        "/",
+        Some("Basic Ym9iOmEtbG9uZy1jb25zb2xlLXRva2Vu"),
+    );
+    assert!(status.contains("200"), "{body}");
+    assert!(
+        body.contains("<strong id=\"operator\">bob</strong>"),
+        "{body}"
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+    db.drop_schema().await;
 }
