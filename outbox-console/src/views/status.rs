@@ -119,33 +119,21 @@ pub(crate) async fn page<S: ConsoleStore>(
     Ok(frame(&shared, &operator, "Status", body))
 }
 
-/// Partitions as ranges: `0-3, 7, 9-10`.
+/// Partitions as ranges: `0-3, 7, 9-10`, or `none`.
 fn ranges(partitions: &[i32]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut iter = partitions.iter().copied().peekable();
-    while let Some(start) = iter.next() {
-        let mut end = start;
-        while iter.peek() == Some(&(end + 1)) {
-            end = iter.next().unwrap_or(end);
-        }
-        out.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
-    }
-    if out.is_empty() {
+    let ranges = outbox_core::ops::format::partition_ranges(partitions);
+    if ranges.is_empty() {
         "none".to_owned()
     } else {
-        out.join(", ")
+        ranges
     }
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn partitions_as_ranges() {
-        assert_eq!(super::ranges(&[0, 1, 2, 3, 7, 9, 10]), "0-3, 7, 9-10");
+    fn no_partitions_say_none() {
         assert_eq!(super::ranges(&[]), "none");
+        assert_eq!(super::ranges(&[2, 3]), "2-3");
     }
 }

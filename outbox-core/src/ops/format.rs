@@ -1,6 +1,6 @@
 //! How operator tools word what the operations API returns, shared by the
 //! `outbox` CLI and the web console so they say the same thing: ages as
-//! short durations, and error texts reduced to a fingerprint so that the
+//! short durations, partitions as ranges, and error texts reduced to a fingerprint so that the
 //! same failure of many messages shows once, with a count.
 
 use sha2::{Digest, Sha256};
@@ -18,6 +18,24 @@ pub fn short_age(seconds: Option<f64>) -> String {
         3600..=86_399 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
         _ => format!("{}d {}h", s / 86_400, (s % 86_400) / 3600),
     }
+}
+
+/// Partitions as ranges, ascending input: `0-3, 8, 10-12`; empty for none.
+pub fn partition_ranges(partitions: &[i32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut iter = partitions.iter().copied().peekable();
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end = iter.next().unwrap_or(end);
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+    }
+    parts.join(", ")
 }
 
 /// The most characters of an error's shape that count.
@@ -104,6 +122,15 @@ mod tests {
         assert_eq!(short_age(Some(192.0)), "3m 12s");
         assert_eq!(short_age(Some(7_500.0)), "2h 5m");
         assert_eq!(short_age(Some(273_600.0)), "3d 4h");
+    }
+
+    #[test]
+    fn partitions_as_ranges() {
+        assert_eq!(
+            partition_ranges(&[0, 1, 2, 3, 8, 10, 11, 12]),
+            "0-3, 8, 10-12"
+        );
+        assert_eq!(partition_ranges(&[]), "");
     }
 
     #[test]
