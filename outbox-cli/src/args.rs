@@ -167,14 +167,11 @@ pub(crate) struct ConsoleArgs {
     /// Show everything, refuse every action.
     #[arg(long)]
     pub(crate) read_only: bool,
-    /// Without a token: the operator every request acts as (default: the
-    /// OS user).
+    /// Without OUTBOX_CONSOLE_TOKEN: the operator every request acts as
+    /// (default: the OS user). The token is read from the environment
+    /// only, never from an argument other users could see.
     #[arg(long)]
     pub(crate) operator: Option<String>,
-    /// The shared secret browsers sign in with (HTTP Basic password);
-    /// required to serve a non-loopback address.
-    #[arg(long, env = "OUTBOX_CONSOLE_TOKEN", hide_env_values = true)]
-    pub(crate) token: Option<String>,
 }
 
 /// Who asks for a repair, and why.

@@ -1,66 +1,83 @@
 //! `outbox console`: the web console served standalone, on any store.
 
-use outbox_console::{Console, ConsoleStore, Identify};
+use outbox_console::{Console, ConsoleStore, Identify, operator_name};
 
 use crate::args::ConsoleArgs;
 use crate::{EXIT_OK, Outcome};
 
+/// The environment variable with the console's shared token.
+const TOKEN_VARIABLE: &str = "OUTBOX_CONSOLE_TOKEN";
+
 /// Serves the console until interrupted (Ctrl-C or SIGTERM).
 ///
-/// With a token every request signs in with HTTP Basic (the user name is
-/// the operator the audit records). Without one only a loopback address is
-/// served, every request acting as the one operator, and the tool says so
+/// With `OUTBOX_CONSOLE_TOKEN` every request signs in with HTTP Basic (the
+/// user name is the operator the audit records). Without it only a
+/// loopback address is served, only to requests that name it as their
+/// host, every request acting as the one operator, and the tool says so
 /// loudly: anyone who can open a connection to that address on this
 /// machine acts as that operator.
 pub(crate) async fn serve<S: ConsoleStore>(store: S, args: ConsoleArgs) -> Outcome {
-    let identify = match (&args.token, args.listen.ip().is_loopback()) {
-        (Some(token), _) if token.len() < 16 => {
-            return Err(
-                "OUTBOX_CONSOLE_TOKEN is shorter than 16 characters: use a long random secret"
-                    .to_owned(),
-            );
-        }
-        (Some(token), _) => {
-            eprintln!(
-                "outbox console: sign in with HTTP Basic: your name as the user, the console token as the password"
-            );
-            Identify::basic_token(token.clone())
-        }
-        (None, true) => {
-            let operator = args
-                .operator
-                .clone()
-                .or_else(|| std::env::var("USER").ok())
-                .or_else(|| std::env::var("LOGNAME").ok())
-                .filter(|name| !name.trim().is_empty())
-                .ok_or("no operator: pass --operator NAME (the name the audit records)")?;
-            eprintln!(
-                "WARNING: outbox console without a token: every request to {} acts as operator {operator:?}; anyone who can connect to it on this machine can {}",
-                args.listen,
-                if args.read_only {
-                    "read the outbox (read-only)"
-                } else {
-                    "repair the outbox in that name"
-                }
-            );
-            Identify::fixed(operator)
-        }
-        (None, false) => {
-            return Err(format!(
-                "refusing to serve {} without a token: set OUTBOX_CONSOLE_TOKEN (browsers sign in with it), or listen on a loopback address",
-                args.listen
-            ));
-        }
-    };
-    let router = Console::new(store, identify)
-        .read_only(args.read_only)
-        .router();
+    let token = std::env::var(TOKEN_VARIABLE).ok().filter(|t| !t.is_empty());
+    let loopback = args.listen.ip().is_loopback();
+    if token.is_none() && !loopback {
+        return Err(format!(
+            "refusing to serve {} without a token: set {TOKEN_VARIABLE} (browsers sign in with it), or listen on a loopback address",
+            args.listen
+        ));
+    }
+    if token.as_ref().is_some_and(|t| t.len() < 16) {
+        return Err(format!(
+            "{TOKEN_VARIABLE} is shorter than 16 characters: use a long random secret"
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let local = listener
         .local_addr()
         .map_err(|e| format!("cannot read the listening address: {e}"))?;
+    let console = match token {
+        Some(token) => {
+            if args.operator.is_some() {
+                eprintln!(
+                    "note: --operator is ignored with {TOKEN_VARIABLE}: each browser signs in with its operator's name"
+                );
+            }
+            if !loopback {
+                eprintln!(
+                    "WARNING: the console at http://{local}/ is plain HTTP: the token crosses the network readable; put a TLS proxy in front of it"
+                );
+            }
+            eprintln!(
+                "outbox console: sign in with HTTP Basic: your name as the user, the console token as the password"
+            );
+            Console::new(store, Identify::basic_token(token))
+        }
+        None => {
+            let name = args
+                .operator
+                .clone()
+                .or_else(|| std::env::var("USER").ok())
+                .or_else(|| std::env::var("LOGNAME").ok())
+                .unwrap_or_default();
+            let operator = operator_name(&name).ok_or(
+                "no usable operator name: pass --operator NAME (the name the audit records)",
+            )?;
+            eprintln!(
+                "WARNING: outbox console without a token: every request to http://{local}/ acts as operator {:?}; anyone who can connect to it on this machine can {}",
+                operator.0,
+                if args.read_only {
+                    "read the outbox (read-only)"
+                } else {
+                    "repair the outbox in that name"
+                }
+            );
+            let port = local.port();
+            Console::new(store, Identify::fixed(operator.0))
+                .allowed_hosts(loopback_hosts(local.ip(), port))
+        }
+    };
+    let router = console.read_only(args.read_only).router();
     // One line a script (or a test) can wait for.
     println!("outbox console listening on http://{local}/");
     axum::serve(listener, router)
@@ -68,6 +85,23 @@ pub(crate) async fn serve<S: ConsoleStore>(store: S, args: ConsoleArgs) -> Outco
         .await
         .map_err(|e| format!("the console stopped: {e}"))?;
     Ok(EXIT_OK)
+}
+
+/// The `Host` values a browser sends for a loopback listener.
+fn loopback_hosts(ip: std::net::IpAddr, port: u16) -> Vec<String> {
+    let mut hosts = vec![
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+    ];
+    let own = match ip {
+        std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    };
+    if !hosts.contains(&own) {
+        hosts.push(own);
+    }
+    hosts
 }
 
 async fn shutdown() {

@@ -91,11 +91,8 @@ impl Action {
                 "skipped: never published; its aggregate goes on".into()
             }
             (Action::Republish, "published") => "published again with its own id".into(),
-            (Action::RetryBlocked, "pending") if event.attempts > 0 => {
-                "tried now instead of at its next backoff".into()
-            }
             (Action::RetryBlocked, "pending") => {
-                "left: it has not failed an attempt (not a retrying head)".into()
+                "tried now, attempts reset, if it heads a blocked aggregate (otherwise left)".into()
             }
             _ => format!("left: its status is {status}"),
         }
@@ -173,25 +170,33 @@ fn letter_ids(fields: &Fields) -> Result<Vec<i64>, ConsoleError> {
     checked_count(ids)
 }
 
-fn checked_count<T: PartialEq>(mut ids: Vec<T>) -> Result<Vec<T>, ConsoleError> {
-    let mut unique = Vec::with_capacity(ids.len());
-    for id in ids.drain(..) {
-        if !unique.contains(&id) {
-            unique.push(id);
-        }
-    }
-    if unique.is_empty() {
+/// The ids of an action, each once, in the order given: at least one, at
+/// most [`MAX_ACTION`] (counted before duplicates are dropped, so a huge
+/// form is refused before any work).
+fn checked_count<T: Eq + std::hash::Hash + Clone>(ids: Vec<T>) -> Result<Vec<T>, ConsoleError> {
+    if ids.is_empty() {
         return Err(ConsoleError::BadRequest(
             "no record chosen: tick at least one, or act by filter with a limit".into(),
         ));
     }
-    if unique.len() > MAX_ACTION.min(MAX_REPAIR_IDS) {
+    if ids.len() > MAX_ACTION.min(MAX_REPAIR_IDS) {
         return Err(ConsoleError::BadRequest(format!(
             "{} records chosen; one action takes at most {MAX_ACTION}",
-            unique.len()
+            ids.len()
         )));
     }
-    Ok(unique)
+    let mut seen = std::collections::HashSet::with_capacity(ids.len());
+    Ok(ids
+        .into_iter()
+        .filter(|id| seen.insert(id.clone()))
+        .collect())
+}
+
+/// The letter kind a letter action names (a form field, so a wrong one
+/// is a bad request).
+fn letter_kind(fields: &Fields) -> Result<LetterKind, ConsoleError> {
+    kind_of(fields.get("kind").unwrap_or_default())
+        .map_err(|_| ConsoleError::BadRequest("kind must be quarantined or dead_lettered".into()))
 }
 
 /// The limit of an action by filter: required, 1 to 1,000.
@@ -242,7 +247,7 @@ async fn targets<S: ConsoleStore>(
         .get("consumer")
         .ok_or_else(|| ConsoleError::BadRequest("a letter action needs its consumer".into()))?
         .to_owned();
-    let kind = kind_of(fields.get("kind").unwrap_or_default())?;
+    let kind = letter_kind(fields)?;
     let letters = if by_filter {
         let limit = filter_limit(fields)?;
         let mut filter = letter_filter(&consumer, kind, fields)?;
@@ -360,8 +365,11 @@ pub(crate) async fn preview<S: ConsoleStore>(
 fn letter_would(action: Action, letter: &LetterRecord) -> String {
     match (&letter.resolution, letter.replay_requested_at, action) {
         (Some(resolution), _, _) => format!("left: already closed ({resolution})"),
-        (None, Some(_), _) => "left to the replay already requested".into(),
+        (None, Some(_), Action::Replay) => "left to the replay already requested".into(),
         (None, None, Action::Replay) => "replayed by the running consumer at its next sweep".into(),
+        (None, Some(_), _) => {
+            "closed without running; the replay requested of it is withdrawn".into()
+        }
         (None, None, _) => "closed without running".into(),
     }
 }
@@ -382,7 +390,7 @@ pub(crate) async fn run<S: ConsoleStore>(
         let consumer = fields
             .get("consumer")
             .ok_or_else(|| ConsoleError::BadRequest("a letter action needs its consumer".into()))?;
-        let kind = kind_of(fields.get("kind").unwrap_or_default())?;
+        let kind = letter_kind(&fields)?;
         let ids = letter_ids(&fields)?;
         match action {
             Action::Replay => store.request_replay(consumer, kind, &ids, &request).await?,

@@ -54,17 +54,22 @@ impl Identify {
     ) -> Identify {
         Identify(Arc::new(move |parts| {
             operator(parts)
-                .filter(|name| valid_name(name))
-                .map(Operator)
+                .and_then(|name| operator_name(&name))
                 .ok_or(Unidentified::Refuse)
         }))
     }
 
     /// Every request acts as `operator`: for a console only its operator
-    /// can reach (the standalone tool on a loopback address).
+    /// can reach (the standalone tool on a loopback address; pair it with
+    /// [`Console::allowed_hosts`](crate::Console::allowed_hosts), or a page
+    /// of another site that rebinds its name to 127.0.0.1 acts too). A name
+    /// the audit cannot keep (empty, control or invisible characters, over
+    /// 200 characters) refuses every request.
     pub fn fixed(operator: impl Into<String>) -> Identify {
-        let operator = Operator(operator.into());
-        Identify(Arc::new(move |_| Ok(operator.clone())))
+        let operator = operator_name(&operator.into());
+        Identify(Arc::new(move |_| {
+            operator.clone().ok_or(Unidentified::Refuse)
+        }))
     }
 
     /// HTTP Basic authentication with a shared token as the password; the
@@ -75,10 +80,8 @@ impl Identify {
         let token = token.into();
         Identify(Arc::new(move |parts| {
             basic_credentials(&parts.headers)
-                .filter(|(user, password)| {
-                    valid_name(user) && same(password.as_bytes(), token.as_bytes())
-                })
-                .map(|(user, _)| Operator(user))
+                .filter(|(_, password)| same(password.as_bytes(), token.as_bytes()))
+                .and_then(|(user, _)| operator_name(&user))
                 .ok_or(Unidentified::Challenge)
         }))
     }
@@ -101,16 +104,29 @@ impl Identify {
     }
 }
 
-/// An operator name the audit can keep: 1 to 200 printable characters.
-fn valid_name(name: &str) -> bool {
+/// An operator name as the audit keeps it: trimmed, 1 to 200 characters,
+/// none of them control or invisible formatting characters (zero-width
+/// spaces and joiners, direction overrides, the byte order mark), which
+/// would let two names look alike.
+pub fn operator_name(name: &str) -> Option<Operator> {
     let name = name.trim();
-    !name.is_empty() && name.chars().count() <= 200 && !name.chars().any(char::is_control)
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c as u32, 0xAD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180E
+                | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0)
+    };
+    (!name.is_empty() && name.chars().count() <= 200 && !name.chars().any(invisible))
+        .then(|| Operator(name.to_owned()))
 }
 
 /// The user and password of an `Authorization: Basic` header.
 fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
     let value = headers.get("authorization")?.to_str().ok()?;
-    let encoded = value.strip_prefix("Basic ")?.trim();
+    let (scheme, encoded) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let encoded = encoded.trim();
     let decoded = String::from_utf8(base64_decode(encoded)?).ok()?;
     let (user, password) = decoded.split_once(':')?;
     Some((user.to_owned(), password.to_owned()))
@@ -176,14 +192,14 @@ impl CsrfKey {
     }
 }
 
-/// Whether a POST comes from another site: browsers say so in
-/// `Sec-Fetch-Site`, and in an `Origin` whose host is not the `Host`.
+/// Whether a POST comes from another site. Browsers that send
+/// `Sec-Fetch-Site` decide it alone (a proxy in front may rewrite `Host`,
+/// so comparing it with `Origin` would refuse the console's own forms);
+/// otherwise an `Origin` that is `null` or names another host than `Host`.
 pub(crate) fn cross_site(headers: &HeaderMap) -> bool {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(site) = header("sec-fetch-site")
-        && (site == "cross-site" || site == "same-site")
-    {
-        return true;
+    if let Some(site) = header("sec-fetch-site") {
+        return site != "same-origin" && site != "none";
     }
     match (header("origin"), header("host")) {
         (Some("null"), _) => true,
@@ -208,8 +224,25 @@ mod tests {
             basic_credentials(&headers),
             Some(("ada".to_owned(), "s3cret".to_owned()))
         );
+        headers.insert("authorization", "basic YWRhOnMzY3JldA==".parse().unwrap());
+        assert_eq!(
+            basic_credentials(&headers),
+            Some(("ada".to_owned(), "s3cret".to_owned()))
+        );
         headers.insert("authorization", "Basic !!".parse().unwrap());
         assert_eq!(basic_credentials(&headers), None);
+        headers.insert("authorization", "Bearer YWRhOnMzY3JldA==".parse().unwrap());
+        assert_eq!(basic_credentials(&headers), None);
+    }
+
+    #[test]
+    fn operator_names_are_trimmed_and_visible() {
+        assert_eq!(operator_name(" ada "), Some(Operator("ada".into())));
+        assert_eq!(operator_name("a\u{200B}da"), None);
+        assert_eq!(operator_name("ada\u{202E}"), None);
+        assert_eq!(operator_name("   "), None);
+        assert_eq!(operator_name(&"x".repeat(201)), None);
+        assert_eq!(operator_name("Zoë Ñ"), Some(Operator("Zoë Ñ".into())));
     }
 
     #[test]
@@ -233,8 +266,15 @@ mod tests {
         assert!(!cross_site(&headers));
         headers.insert("origin", "https://evil.example".parse().unwrap());
         assert!(cross_site(&headers));
-        headers.remove("origin");
-        headers.insert("sec-fetch-site", "cross-site".parse().unwrap());
+        headers.insert("origin", "null".parse().unwrap());
         assert!(cross_site(&headers));
+        // Behind a proxy that rewrote Host, the browser's word decides.
+        headers.insert("origin", "https://console.example".parse().unwrap());
+        headers.insert("sec-fetch-site", "same-origin".parse().unwrap());
+        assert!(!cross_site(&headers));
+        for site in ["cross-site", "same-site"] {
+            headers.insert("sec-fetch-site", site.parse().unwrap());
+            assert!(cross_site(&headers), "{site}");
+        }
     }
 }

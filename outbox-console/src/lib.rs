@@ -58,7 +58,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 pub use error::ConsoleError;
-pub use identity::{Identify, Operator};
+pub use identity::{Identify, Operator, operator_name};
 pub use store::ConsoleStore;
 
 use identity::{CsrfKey, Unidentified};
@@ -70,6 +70,7 @@ pub struct Console<S> {
     identify: Identify,
     read_only: bool,
     base_path: String,
+    allowed_hosts: Vec<String>,
 }
 
 impl<S: ConsoleStore> Console<S> {
@@ -80,7 +81,25 @@ impl<S: ConsoleStore> Console<S> {
             identify,
             read_only: false,
             base_path: String::new(),
+            allowed_hosts: Vec::new(),
         }
+    }
+
+    /// Serves only requests whose `Host` is one of `hosts` (`host:port`,
+    /// any case); others get 421. Needed wherever being able to connect is
+    /// what admits a request ([`Identify::fixed`] on loopback): a page of
+    /// another site whose name its DNS rebinds to 127.0.0.1 is same-origin
+    /// with it to the browser, but its requests name its own host. Default:
+    /// any host (the embedding service's authentication admits requests).
+    pub fn allowed_hosts(
+        mut self,
+        hosts: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Console<S> {
+        self.allowed_hosts = hosts
+            .into_iter()
+            .map(|h| h.into().to_ascii_lowercase())
+            .collect();
+        self
     }
 
     /// The path the router is nested under (`"/outbox"` for
@@ -107,6 +126,7 @@ impl<S: ConsoleStore> Console<S> {
             csrf: CsrfKey::random(),
         });
         let identify = self.identify;
+        let allowed_hosts = Arc::new(self.allowed_hosts);
         Router::new()
             .route("/", get(views::status::page::<S>))
             .route("/events", get(views::events::list::<S>))
@@ -128,7 +148,7 @@ impl<S: ConsoleStore> Console<S> {
             .fallback(not_found)
             .with_state(shared)
             .layer(middleware::from_fn(move |request, next| {
-                identified(identify.clone(), request, next)
+                identified(identify.clone(), Arc::clone(&allowed_hosts), request, next)
             }))
     }
 }
@@ -152,30 +172,56 @@ async fn not_found() -> ConsoleError {
 /// Names the operator of every request (refusing those without one) and
 /// sets the headers that keep the pages to themselves: no framing, no
 /// script or style from elsewhere, no caching, no referrer to other sites.
-async fn identified(identify: Identify, request: Request, next: Next) -> Response {
+async fn identified(
+    identify: Identify,
+    allowed_hosts: Arc<Vec<String>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let (mut parts, body) = request.into_parts();
-    let mut response = match identify.operator(&parts) {
-        Ok(operator) => {
-            parts.extensions.insert(operator);
-            next.run(Request::from_parts(parts, body)).await
-        }
-        Err(Unidentified::Challenge) => {
-            let mut response = (
-                StatusCode::UNAUTHORIZED,
-                "the outbox console needs an operator name and the console token (HTTP Basic)",
-            )
-                .into_response();
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Basic realm=\"outbox console\", charset=\"UTF-8\""),
-            );
-            response
-        }
-        Err(Unidentified::Refuse) => (
-            StatusCode::FORBIDDEN,
-            "the outbox console serves identified operators only",
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_ascii_lowercase)
+        .or_else(|| {
+            parts
+                .uri
+                .authority()
+                .map(|a| a.as_str().to_ascii_lowercase())
+        });
+    let host_allowed =
+        allowed_hosts.is_empty() || host.is_some_and(|host| allowed_hosts.contains(&host));
+    let mut response = if !host_allowed {
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this outbox console serves only its own address (the request named another host)",
         )
-            .into_response(),
+            .into_response()
+    } else {
+        match identify.operator(&parts) {
+            Ok(operator) => {
+                parts.extensions.insert(operator);
+                next.run(Request::from_parts(parts, body)).await
+            }
+            Err(Unidentified::Challenge) => {
+                let mut response = (
+                    StatusCode::UNAUTHORIZED,
+                    "the outbox console needs an operator name and the console token (HTTP Basic)",
+                )
+                    .into_response();
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"outbox console\", charset=\"UTF-8\""),
+                );
+                response
+            }
+            Err(Unidentified::Refuse) => (
+                StatusCode::FORBIDDEN,
+                "the outbox console serves identified operators only",
+            )
+                .into_response(),
+        }
     };
     let headers = response.headers_mut();
     headers.insert(

@@ -14,7 +14,9 @@ use outbox_console::{Console, Identify};
 use outbox_core::ContractRegistry;
 use outbox_core::Envelope;
 use outbox_core::OutboxEvent;
-use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Ordering, Outcome, RetryPolicy};
+use outbox_core::consumer::{
+    ConsumerBuilder, ConsumerConfig, HandlerError, Ordering, Outcome, RetryPolicy,
+};
 use outbox_core::ops::{EventFilter, EventStatus, LetterFilter, LetterKind, Ops};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::store::PgRelayStore;
@@ -112,6 +114,41 @@ async fn seed_dead_letters(db: &TestDb) {
     }
 }
 
+/// A charge whose handler fails for good at consumer `payments`: a dead
+/// letter whose payload holds the redacted card number.
+async fn seed_card_letter(db: &TestDb) {
+    let consumer = ConsumerBuilder::new("payments")
+        .config(ConsumerConfig {
+            retry: RetryPolicy {
+                max_attempts: 1,
+                ..RetryPolicy::default()
+            },
+            ..ConsumerConfig::default()
+        })
+        .on_fn::<CardCharged, _>(|_, _| {
+            Box::pin(async {
+                Err(HandlerError::retryable(
+                    "the card processor refused the charge",
+                ))
+            })
+        })
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let charge = Envelope::for_event(
+        &CardCharged {
+            charge_id: "ch-7".into(),
+            card_number: SECRET,
+            amount_cents: 990,
+        },
+        1,
+    )
+    .unwrap();
+    assert!(matches!(
+        consumer.handle_envelope(&charge).await.unwrap(),
+        Outcome::DeadLettered { .. }
+    ));
+}
+
 /// A v3 parcel quarantined at a consumer that reads v2 only.
 async fn seed_quarantine(db: &TestDb) {
     let consumer = ConsumerBuilder::new("parcels")
@@ -174,6 +211,7 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
     let (head, other) = seed_failed(&db).await;
     seed_dead_letters(&db).await;
     seed_quarantine(&db).await;
+    seed_card_letter(&db).await;
     let router = console(&db);
 
     let status = get(&router, "/").await.expect(StatusCode::OK);
@@ -208,10 +246,21 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
     let paged = get(&router, "/events?status=failed&limit=1")
         .await
         .expect(StatusCode::OK);
+    assert!(paged.body.contains(&head.to_string()), "oldest first");
+    assert!(!paged.body.contains(&other.to_string()));
+    let next = {
+        let marker = "id=\"next\" href=\"";
+        let start = paged.body.find(marker).expect("a full page links the next") + marker.len();
+        let end = paged.body[start..].find('"').unwrap() + start;
+        paged.body[start..end].replace("&amp;", "&")
+    };
     assert!(
-        paged.body.contains("id=\"next\""),
-        "a full page links the next"
+        next.contains("status=failed") && next.contains("limit=1"),
+        "{next}"
     );
+    let second = get(&router, &next).await.expect(StatusCode::OK);
+    assert!(second.body.contains(&other.to_string()), "{}", second.body);
+    assert!(!second.body.contains(&head.to_string()));
 
     let event = get(&router, &format!("/events/{head}"))
         .await
@@ -312,7 +361,47 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
         .await
         .expect(StatusCode::OK);
 
+    let card_group = get(&router, "/consumers/payments/dead_lettered")
+        .await
+        .expect(StatusCode::OK);
+    let card_letter = {
+        let marker = "href=\"/consumers/payments/dead_lettered/";
+        let start = card_group.body.find(marker).expect("an example letter") + marker.len();
+        let end = card_group.body[start..].find('"').unwrap() + start;
+        card_group.body[start..end].to_owned()
+    };
+    let shown = get(
+        &router,
+        &format!("/consumers/payments/dead_lettered/{card_letter}"),
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(shown.body.contains("[REDACTED]"), "{}", shown.body);
+    assert!(shown.body.contains("the card processor refused the charge"));
+    let preview = post(
+        &router,
+        "/actions/preview",
+        &[
+            ("action", "discard"),
+            ("consumer", "payments"),
+            ("kind", "dead_lettered"),
+            ("id", &card_letter),
+            ("csrf", &shown.csrf()),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    no_secret("a letter's preview", &preview.body);
+    let card_fingerprint = {
+        let marker = "data-fingerprint=\"";
+        let start = card_group.body.find(marker).unwrap() + marker.len();
+        card_group.body[start..start + 12].to_owned()
+    };
     for path in [
+        format!("/consumers/payments/dead_lettered?fingerprint={card_fingerprint}"),
+        "/consumers/payments/dead_lettered".to_owned(),
+        format!("/consumers/payments/dead_lettered/{card_letter}"),
+        "/audit".to_owned(),
         "/".to_owned(),
         "/events?status=failed".to_owned(),
         "/events?status=pending".to_owned(),
@@ -386,6 +475,40 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
     .expect(StatusCode::FORBIDDEN);
     assert_eq!(audit_rows(&db).await, 0);
     assert_eq!(status_of(&db, head).await, "failed");
+
+    // By filter: an explicit limit is required, and it is the cap.
+    let failed_filter = [
+        ("action", "skip-failed"),
+        ("by", "filter"),
+        ("status", "failed"),
+        ("csrf", csrf.as_str()),
+    ];
+    post(&router, "/actions/preview", &failed_filter)
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    let mut with_limit = failed_filter.to_vec();
+    with_limit.push(("limit", "5000"));
+    post(&router, "/actions/preview", &with_limit)
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    let mut capped = failed_filter.to_vec();
+    capped.push(("limit", "1"));
+    let preview = post(&router, "/actions/preview", &capped)
+        .await
+        .expect(StatusCode::OK);
+    assert!(
+        preview.body.contains("Skip 1 failed event?"),
+        "{}",
+        preview.body
+    );
+    // Two failed events match; the limit took the oldest only.
+    assert!(preview.body.contains(&head.to_string()), "{}", preview.body);
+    assert!(
+        !preview.body.contains(&other.to_string()),
+        "{}",
+        preview.body
+    );
+    assert_eq!(audit_rows(&db).await, 0, "a preview changes nothing");
 
     // Step one: what it would touch; nothing changes.
     let preview = post(
@@ -469,32 +592,6 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
             .contains("the broker takes 2 MiB messages again")
     );
 
-    // By filter: an explicit limit is required, and it is the cap.
-    let failed_filter = [
-        ("action", "skip-failed"),
-        ("by", "filter"),
-        ("status", "failed"),
-        ("csrf", csrf.as_str()),
-    ];
-    post(&router, "/actions/preview", &failed_filter)
-        .await
-        .expect(StatusCode::BAD_REQUEST);
-    let mut with_limit = failed_filter.to_vec();
-    with_limit.push(("limit", "5000"));
-    post(&router, "/actions/preview", &with_limit)
-        .await
-        .expect(StatusCode::BAD_REQUEST);
-    let mut capped = failed_filter.to_vec();
-    capped.push(("limit", "1"));
-    let preview = post(&router, "/actions/preview", &capped)
-        .await
-        .expect(StatusCode::OK);
-    assert!(
-        preview.body.contains("Skip 1 failed event?"),
-        "{}",
-        preview.body
-    );
-    assert!(preview.body.contains(&other.to_string()));
     db.drop_schema().await;
 }
 
@@ -591,6 +688,27 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
         .await
         .expect(StatusCode::OK);
     assert!(shown.body.contains("replay requested"), "{}", shown.body);
+    // Discarding it instead would withdraw that request: the preview says so.
+    let preview = post(
+        &router,
+        "/actions/preview",
+        &[
+            ("action", "discard"),
+            ("consumer", "billing"),
+            ("kind", "dead_lettered"),
+            ("id", &last),
+            ("csrf", &csrf),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(
+        preview
+            .body
+            .contains("the replay requested of it is withdrawn"),
+        "{}",
+        preview.body
+    );
     assert!(
         shown.body.contains("c3&#39;s downstream is back")
             || shown.body.contains("c3's downstream is back")
@@ -790,6 +908,16 @@ fn console_process(db: &TestDb, listen: &str, env: &[(&str, &str)]) -> std::proc
 
 /// One HTTP/1.1 GET over a plain socket: the status line and the body.
 fn http_get(address: &str, path: &str, authorization: Option<&str>) -> (String, String) {
+    http_get_as(address, address, path, authorization)
+}
+
+/// [`http_get`] naming `host` in the request.
+fn http_get_as(
+    address: &str,
+    host: &str,
+    path: &str,
+    authorization: Option<&str>,
+) -> (String, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).expect("the console accepts");
     let auth = authorization
@@ -797,7 +925,7 @@ fn http_get(address: &str, path: &str, authorization: Option<&str>) -> (String, 
         .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{auth}Connection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut response = String::new();
@@ -838,6 +966,11 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
         .to_owned();
     let (status, body) = http_get(&address, "/", None);
     assert!(status.contains("200"), "{body}");
+    let (status, _) = http_get_as(&address, "rebound.example", "/", None);
+    assert!(
+        status.contains("421"),
+        "another host's name is refused: {status}"
+    );
     assert!(
         body.contains("<strong id=\"operator\">ci-operator</strong>"),
         "{body}"
@@ -878,5 +1011,71 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
     );
     child.kill().unwrap();
     let _ = child.wait();
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn posts_from_other_sites_and_requests_for_other_hosts_are_refused() {
+    let db = TestDb::new().await;
+    let (head, _) = seed_failed(&db).await;
+    let router = Console::new(
+        Ops::new(db.pool.clone(), db.schema.clone()),
+        Identify::fixed("ada"),
+    )
+    .allowed_hosts(["console.test", "127.0.0.1:8080"])
+    .router();
+    let page = get(&router, "/events?status=failed").await;
+    // A request without the Host of the console's address is misdirected
+    // (a page of another site rebinding its name to the console's address).
+    assert_eq!(page.status, StatusCode::MISDIRECTED_REQUEST);
+    let named = |host: &'static str| {
+        let router = router.clone();
+        async move {
+            outbox_tests::console::send(
+                &router,
+                axum::http::Request::get("/events?status=failed")
+                    .header("host", host)
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    named("evil.example:8080")
+        .await
+        .expect(StatusCode::MISDIRECTED_REQUEST);
+    let page = named("127.0.0.1:8080").await.expect(StatusCode::OK);
+    let csrf = page.csrf();
+    let id = head.to_string();
+    let run = [
+        ("action", "retry-failed"),
+        ("id", id.as_str()),
+        ("csrf", csrf.as_str()),
+        ("reason", "r"),
+    ];
+    for headers in [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site")],
+        vec![("origin", "null")],
+        vec![("origin", "https://evil.example")],
+    ] {
+        post_with(&router, "/actions/run", &run, &headers)
+            .await
+            .expect(StatusCode::FORBIDDEN);
+    }
+    assert_eq!(audit_rows(&db).await, 0);
+    // A browser's same-origin POST through a proxy that rewrote Host.
+    post_with(
+        &router,
+        "/actions/run",
+        &run,
+        &[
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "https://outbox.example.com"),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert_eq!(status_of(&db, head).await, "pending");
     db.drop_schema().await;
 }

@@ -23,7 +23,7 @@ pub(crate) async fn page<S: ConsoleStore>(
     let body = html! {
         (audit_table(&page.items))
         @if let Some(next) = page.next {
-            p.pager { a #next href={ (base) "/audit?before=" (next) } { "Older" } }
+            p.pager { a #next href={ (base) "/audit?" (crate::form::query([("before", next.to_string()), ("limit", fields.get("limit").unwrap_or_default().to_owned())])) } { "Older" } }
         }
     };
     Ok(frame(&shared, &operator, "Audit log", body))

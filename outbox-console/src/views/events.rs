@@ -234,6 +234,7 @@ fn event_detail<S: ConsoleStore>(
             }
         }
         h2 { "History" }
+        p.note { "Repairs that named this event, among the newest 1,000 audit rows (older ones: the audit log)." }
         (audit_table(history))
     }
 }

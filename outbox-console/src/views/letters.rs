@@ -371,6 +371,7 @@ pub(crate) async fn detail<S: ConsoleStore>(
             }
         }
         h2 { "History" }
+        p.note { "Repairs that named this letter, among the newest 1,000 audit rows (older ones: the audit log)." }
         (audit_table(&history))
     };
     Ok(frame(

@@ -43,8 +43,9 @@ const SHAPE_CHARS: usize = 240;
 
 /// An error text with what differs between occurrences of the same failure
 /// replaced by placeholders: quoted values (`'…'`, `"…"`, opening after a
-/// non-word character) become `'?'`, numbers `<n>`, and words that hold a
-/// digit (ids such as `c17`, `order-0042`, a UUID, a hex digest) `<id>`;
+/// non-word character) become `'?'`, whole numbers `<n>`, and other words
+/// that hold a digit (ids such as `c17`, `order-0042`, a UUID, a hex
+/// digest, a decimal such as `1.5`) `<id>`;
 /// whitespace is collapsed and the text cut at 240 characters.
 ///
 /// `handler failed: invalid input for "4000…": row 17 of order-81` and the
