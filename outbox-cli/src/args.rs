@@ -329,6 +329,10 @@ pub(crate) struct LetterFilterArgs {
     /// The reason contains this text.
     #[arg(long)]
     pub(crate) error: Option<String>,
+    /// Only letters whose reason has this fingerprint (`list --group`
+    /// shows them); looked for among the oldest 5,000 matching letters.
+    #[arg(long)]
+    pub(crate) fingerprint: Option<String>,
 }
 
 impl LetterFilterArgs {
@@ -339,6 +343,7 @@ impl LetterFilterArgs {
             && self.since.is_none()
             && self.until.is_none()
             && self.error.is_none()
+            && self.fingerprint.is_none()
     }
 }
 
@@ -376,6 +381,11 @@ pub(crate) enum LetterAction {
         /// The cursor a previous page printed.
         #[arg(long)]
         after: Option<i64>,
+        /// Group the (oldest 5,000) matching letters by error fingerprint:
+        /// each failure once, with its count, first and last seen, event
+        /// types and example ids.
+        #[arg(long, conflicts_with_all = ["after", "limit"])]
+        group: bool,
     },
     /// Show one letter with its payload (redacted) and headers.
     Show {

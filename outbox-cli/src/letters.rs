@@ -1,14 +1,96 @@
-//! `quarantine` and `dead-letters`: a consumer's letters, replays requested of the running consumer (and waited for), discards.
+//! `quarantine` and `dead-letters`: a consumer's letters (listed, grouped
+//! by error fingerprint, shown), replays requested of the running consumer
+//! (and waited for), discards.
 
 use std::time::{Duration, Instant};
 
 use outbox_core::audit::RepairRequest;
+use outbox_core::ops::format::{ErrorGroup, GROUP_SCAN, error_fingerprint, group_by_error};
 use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord, Ops, Page, RepairReport};
+use serde::Serialize;
 
 use crate::args::{LetterAction, LetterFilterArgs, LetterRepairArgs};
 use crate::output::{Output, confirm, ops_error, print_next, print_report, repair_limit, request};
 use crate::table::{Table, age, cut, opt, when};
 use crate::{EXIT_OK, EXIT_PROBLEMS, Outcome};
+
+/// The letters matching `filter` and, when given, `fingerprint`, among the
+/// oldest [`GROUP_SCAN`] matching `filter`; and whether there were more.
+pub(crate) async fn scan_letters(
+    ops: &Ops,
+    mut filter: LetterFilter,
+    fingerprint: Option<&str>,
+) -> Result<(Vec<LetterRecord>, bool), String> {
+    let mut letters = Vec::new();
+    let mut scanned = 0;
+    filter.limit = Some(1000);
+    loop {
+        let page = ops.letters(&filter).await.map_err(ops_error)?;
+        scanned += page.items.len();
+        letters.extend(
+            page.items
+                .into_iter()
+                .filter(|l| fingerprint.is_none_or(|f| error_fingerprint(&l.reason) == f)),
+        );
+        match page.next {
+            Some(next) if scanned < GROUP_SCAN => filter.after = Some(next),
+            Some(_) => return Ok((letters, true)),
+            None => return Ok((letters, false)),
+        }
+    }
+}
+
+/// `list --group`: what `--json` prints.
+#[derive(Serialize)]
+struct Groups {
+    groups: Vec<ErrorGroup>,
+    /// Letters read.
+    letters: usize,
+    /// Whether more letters matched than were read.
+    truncated: bool,
+}
+
+fn print_groups(out: &Output, letters: &[LetterRecord], truncated: bool) {
+    let groups = Groups {
+        groups: group_by_error(letters),
+        letters: letters.len(),
+        truncated,
+    };
+    if out.json {
+        out.json(&groups);
+        return;
+    }
+    let mut table = Table::new(&[
+        "FINGERPRINT",
+        "LETTERS",
+        "FIRST SEEN",
+        "LAST SEEN",
+        "EVENT TYPES",
+        "EXAMPLES",
+        "FAILURE",
+    ]);
+    for g in &groups.groups {
+        table.row(vec![
+            g.fingerprint.clone(),
+            g.count.to_string(),
+            when(&g.first_seen),
+            when(&g.last_seen),
+            cut(&g.event_types.join(", "), 40),
+            g.examples
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            cut(&g.shape, 80),
+        ]);
+    }
+    print!("{}", table.render());
+    if truncated {
+        println!(
+            "(grouped the oldest {GROUP_SCAN} matching letters; narrow the filters to see the rest)"
+        );
+    }
+}
 
 pub(crate) fn print_letters(out: &Output, page: &Page<LetterRecord>) {
     if out.json {
@@ -119,6 +201,40 @@ pub(crate) async fn letters(
             all,
             limit,
             after,
+            group,
+        } if group || filter.fingerprint.is_some() => {
+            let fingerprint = filter.fingerprint.clone();
+            let filter = LetterFilter {
+                include_resolved: all,
+                ..letter_filter_of(consumer, kind, filter)
+            };
+            let (letters, truncated) = scan_letters(ops, filter, fingerprint.as_deref()).await?;
+            if group {
+                print_groups(out, &letters, truncated);
+            } else {
+                // One fingerprint's letters, paged on the cursor.
+                let page_size = outbox_core::ops::page_limit(limit) as usize;
+                let items: Vec<LetterRecord> = letters
+                    .into_iter()
+                    .filter(|l| after.is_none_or(|after| l.id > after))
+                    .collect();
+                let next = (items.len() > page_size).then(|| items[page_size - 1].id);
+                print_letters(
+                    out,
+                    &Page {
+                        items: items.into_iter().take(page_size).collect(),
+                        next,
+                    },
+                );
+            }
+            Ok(EXIT_OK)
+        }
+        LetterAction::List {
+            filter,
+            all,
+            limit,
+            after,
+            group: _,
         } => {
             let page = ops
                 .letters(&LetterFilter {
@@ -203,10 +319,25 @@ pub(crate) async fn select_letters(
     }
     if select.filter.is_empty() {
         return Err(format!(
-            "name the letters to {verb}: --id ID (repeatable), or filters (--event-type, --aggregate-type, --aggregate-id, --since, --until, --error) with --limit N; there is no repair of everything"
+            "name the letters to {verb}: --id ID (repeatable), or filters (--event-type, --aggregate-type, --aggregate-id, --since, --until, --error, --fingerprint) with --limit N; there is no repair of everything"
         ));
     }
     let limit = repair_limit(select.limit)?;
+    if let Some(fingerprint) = select.filter.fingerprint.clone() {
+        let filter = letter_filter_of(consumer, kind, select.filter);
+        let (letters, _) = scan_letters(ops, filter, Some(&fingerprint)).await?;
+        let ids: Vec<i64> = letters.iter().take(limit).map(|l| l.id).collect();
+        if ids.is_empty() {
+            return Err(format!(
+                "no open letter with fingerprint {fingerprint} matches the filters; nothing was changed"
+            ));
+        }
+        confirm(
+            &format!("{verb} {} letter(s) of {consumer}", ids.len()),
+            select.yes,
+        )?;
+        return Ok((ids, request));
+    }
     let filter = letter_filter_of(consumer, kind, select.filter);
     let mut ids: Vec<i64> = Vec::new();
     let mut after = None;

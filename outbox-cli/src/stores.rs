@@ -132,18 +132,9 @@ pub(crate) async fn mysql(
         }
         return Ok(EXIT_OK);
     }
-    let migrated: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.tables
-         WHERE table_schema = DATABASE() AND table_name = 'outbox_events'",
-    )
-    .fetch_one(&pool)
-    .await
-    .map_err(|e| format!("cannot read the database: {e}"))?;
-    if migrated == 0 {
-        return Err(format!(
-            "database {database} has no outbox tables: run `outbox --database-url … migrate` (or the service's migrate) first"
-        ));
-    }
+    outbox_mysql::check_schema(&pool)
+        .await
+        .map_err(|e| format!("database {database}: {e}"))?;
     let ops = outbox_mysql::MySqlOps::new(pool)
         .with_redaction(redaction)
         .with_failed_head_policy(failed_heads);

@@ -20,7 +20,7 @@ use crate::form::Fields;
 use crate::identity::cross_site;
 use crate::views::events::event_filter;
 use crate::views::letters::{group_members, kind_of, letter_filter, scan};
-use crate::views::{csrf_field, cut, frame, seg};
+use crate::views::{csrf_field, cut, frame, home, seg};
 use crate::{ConsoleError, ConsoleStore, Ctx, Operator, Shared};
 
 /// The most records one action of the console touches.
@@ -355,7 +355,7 @@ pub(crate) async fn preview<S: ConsoleStore>(
             }
             div.actions {
                 button.primary #confirm type="submit" { (action.title(targets.len())) }
-                a href={ (base) "/" } { "Cancel" }
+                a href=(home(base)) { "Cancel" }
             }
         }
     };
@@ -431,6 +431,6 @@ fn report_page<S>(shared: &Shared<S>, action: Action, report: &RepairReport) -> 
                 }
             }
         }
-        p { a href={ (base) "/" } { "Status" } " · " a href={ (base) "/audit" } { "Audit log" } }
+        p { a href=(home(base)) { "Status" } " · " a href={ (base) "/audit" } { "Audit log" } }
     }
 }

@@ -33,7 +33,7 @@ mod relay;
 
 pub use connect::{ConnectError, ServerVersion, check_server, connect};
 pub use emit::MySqlOutbox;
-pub use migrate::{MigrateError, SCHEMA_VERSION, migrate};
+pub use migrate::{MigrateError, SCHEMA_VERSION, SchemaError, check_schema, migrate};
 pub use ops::MySqlOps;
 pub use relay::{MySqlClaim, MySqlRelayStore, MySqlWakeups, start_relay};
 

@@ -43,6 +43,15 @@ pub enum MigrateError {
     Database(#[from] sqlx::Error),
 }
 
+/// The tables [`TABLES`] creates, in its order.
+const TABLE_NAMES: [&str; 5] = [
+    "outbox_schema_version",
+    "outbox_events",
+    "outbox_aggregate_versions",
+    "outbox_idempotency_keys",
+    "outbox_audit",
+];
+
 const TABLES: [&str; 5] = [
     "CREATE TABLE IF NOT EXISTS outbox_schema_version (
         id      TINYINT NOT NULL PRIMARY KEY,
@@ -239,6 +248,86 @@ async fn create_emit_procedure(pool: &MySqlPool) -> Result<(), sqlx::Error> {
     created
 }
 
+/// Why the outbox tables cannot be used as they are.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// No outbox tables, or not all of them (a migration that never
+    /// finished, a table dropped by hand).
+    #[error(
+        "the database has no outbox tables (missing: {missing}): run outbox_mysql::migrate (or `outbox --database-url … migrate`) first"
+    )]
+    NotMigrated {
+        /// The tables not there, comma-separated.
+        missing: String,
+    },
+    /// The tables are of an older release.
+    #[error(
+        "the outbox tables are at schema version {found}, older than this release needs ({required}): run outbox_mysql::migrate (or `outbox --database-url … migrate`), which upgrades them in place"
+    )]
+    Older {
+        /// The version found.
+        found: i64,
+        /// The version this release needs.
+        required: i64,
+    },
+    /// The tables are of a newer release.
+    #[error(
+        "the outbox tables are at schema version {found}, newer than this release supports ({supported}); upgrade outbox-mysql"
+    )]
+    Newer {
+        /// The version found.
+        found: i64,
+        /// The newest this release knows.
+        supported: i64,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Checks that the outbox tables are at this release's
+/// [`SCHEMA_VERSION`], for a process that does not migrate itself (the
+/// migrations run elsewhere): tables of an older release would fail later
+/// and less clearly (an emit on version 1 tables: "PROCEDURE
+/// outbox_emit_counted_v1 does not exist"). Returns the version.
+pub async fn check_schema(pool: &MySqlPool) -> Result<i64, SchemaError> {
+    let present: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
+         WHERE table_schema = DATABASE() AND table_name LIKE 'outbox\\_%'",
+    )
+    .fetch_all(pool)
+    .await?;
+    let missing: Vec<&str> = TABLE_NAMES
+        .iter()
+        .copied()
+        .filter(|name| !present.iter().any(|p| p == name))
+        .collect();
+    if !missing.is_empty() {
+        return Err(SchemaError::NotMigrated {
+            missing: missing.join(", "),
+        });
+    }
+    let found: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(version AS SIGNED) FROM outbox_schema_version WHERE id = 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    match found {
+        None => Err(SchemaError::NotMigrated {
+            missing: "the schema version row".to_owned(),
+        }),
+        Some(found) if found < SCHEMA_VERSION => Err(SchemaError::Older {
+            found,
+            required: SCHEMA_VERSION,
+        }),
+        Some(found) if found > SCHEMA_VERSION => Err(SchemaError::Newer {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        Some(found) => Ok(found),
+    }
+}
+
 /// Creates the outbox tables in the database of `pool` (or completes a
 /// migration a crash cut short). Safe on every start and from several
 /// processes at once; refuses tables of a newer release.
@@ -273,4 +362,17 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), MigrateError> {
     .execute(pool)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod table_name_tests {
+    #[test]
+    fn the_checked_names_are_the_created_tables() {
+        for (name, statement) in super::TABLE_NAMES.iter().zip(super::TABLES) {
+            assert!(
+                statement.contains(&format!("CREATE TABLE IF NOT EXISTS {name} (")),
+                "{name}"
+            );
+        }
+    }
 }

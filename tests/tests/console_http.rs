@@ -1079,3 +1079,60 @@ async fn posts_from_other_sites_and_requests_for_other_hosts_are_refused() {
     assert_eq!(status_of(&db, head).await, "pending");
     db.drop_schema().await;
 }
+
+/// The links of a page (`href` values, entities decoded).
+fn links(body: &str) -> Vec<String> {
+    body.match_indices("href=\"")
+        .map(|(at, marker)| {
+            let rest = &body[at + marker.len()..];
+            rest[..rest.find('"').unwrap()].replace("&amp;", "&")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn nested_under_a_prefix_every_link_stays_under_it_and_answers() {
+    let db = TestDb::new().await;
+    seed_failed(&db).await;
+    seed_dead_letters(&db).await;
+    let console = Console::new(
+        Ops::new(db.pool.clone(), db.schema.clone()),
+        Identify::fixed("ada"),
+    )
+    .base_path("/outbox")
+    .router();
+    let app = Router::new().nest("/outbox", console);
+    let mut seen = std::collections::HashSet::new();
+    let mut queue = vec!["/outbox".to_owned()];
+    while let Some(path) = queue.pop() {
+        if !seen.insert(path.clone()) || seen.len() > 60 {
+            continue;
+        }
+        let page = get(&app, &path).await;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+        if !page.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+        {
+            continue;
+        }
+        for link in links(&page.body) {
+            assert!(
+                link.starts_with("/outbox"),
+                "{path} links {link} outside the prefix"
+            );
+            queue.push(link);
+        }
+    }
+    assert!(
+        seen.contains("/outbox/blocked") && seen.contains("/outbox/audit"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|p| p.starts_with("/outbox/consumers/billing/dead_lettered")),
+        "{seen:?}"
+    );
+    db.drop_schema().await;
+}

@@ -317,8 +317,41 @@ async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
     .execute(&db.pool)
     .await
     .unwrap();
+    // A process that does not migrate is told what to do, before an emit
+    // would fail on the missing procedure.
+    let older = outbox_mysql::check_schema(&db.pool).await.unwrap_err();
+    assert!(
+        matches!(
+            older,
+            outbox_mysql::SchemaError::Older {
+                found: 1,
+                required: 2
+            }
+        ),
+        "{older}"
+    );
+    assert!(
+        older.to_string().contains("run outbox_mysql::migrate"),
+        "{older}"
+    );
     outbox_mysql::migrate(&db.pool).await.unwrap();
     assert_eq!(schema_shape(&db.pool).await, expected);
+    assert_eq!(outbox_mysql::check_schema(&db.pool).await.unwrap(), 2);
+    sqlx::query("UPDATE outbox_schema_version SET version = 3")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert!(matches!(
+        outbox_mysql::check_schema(&db.pool).await,
+        Err(outbox_mysql::SchemaError::Newer {
+            found: 3,
+            supported: 2
+        })
+    ));
+    sqlx::query("UPDATE outbox_schema_version SET version = 2")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     // The counter carries on where version 1 left it.
     let mut tx = db.pool.begin().await.unwrap();
     let emitted = MySqlOutbox::new()

@@ -1273,3 +1273,125 @@ async fn a_version_republished_behind_a_retrying_head_is_published_first_and_the
     assert_eq!(audit.items[0].action, "relay.retry_blocked");
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn the_tool_groups_letters_by_error_fingerprint_and_repairs_a_group_up_to_a_limit() {
+    let db = TestDb::new().await;
+    create_effects(&db).await;
+    let consumer = tick_consumer(
+        &db,
+        "billing",
+        dead_letter_config(),
+        Duration::ZERO,
+        &["c1", "c2", "c3"],
+    );
+    for counter in ["c1", "c2", "c3"] {
+        assert!(matches!(
+            consumer.handle_envelope(&tick(counter, 1)).await.unwrap(),
+            Outcome::DeadLettered { .. }
+        ));
+    }
+    let grouped = tool(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "list",
+            "--group",
+        ],
+    );
+    assert_eq!(grouped.status.code(), Some(0), "{}", stderr(&grouped));
+    let report: Value = serde_json::from_str(&stdout(&grouped)).unwrap();
+    assert_eq!(report["letters"], 3);
+    assert_eq!(report["truncated"], false);
+    let groups = report["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "one failure, three counters: {report}");
+    assert_eq!(groups[0]["count"], 3);
+    let fingerprint = groups[0]["fingerprint"].as_str().unwrap().to_owned();
+    let ops = Ops::new(db.pool.clone(), db.schema.clone());
+    let open = ops
+        .letters(&LetterFilter {
+            consumer: "billing".into(),
+            kind: LetterKind::DeadLettered,
+            ..LetterFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        fingerprint,
+        outbox_core::ops::format::error_fingerprint(&open.items[0].reason),
+        "the tool and the console share one fingerprint"
+    );
+    let human = tool(
+        &db,
+        &["dead-letters", "--consumer", "billing", "list", "--group"],
+    );
+    let text = stdout(&human);
+    assert!(
+        text.contains(&fingerprint) && text.contains("downstream refuses counter <id>"),
+        "{text}"
+    );
+
+    // A group's oldest two, discarded by fingerprint.
+    let discarded = tool(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "discard",
+            "--fingerprint",
+            &fingerprint,
+            "--limit",
+            "2",
+            "--yes",
+            "--reason",
+            "settled by hand",
+        ],
+    );
+    assert_eq!(discarded.status.code(), Some(0), "{}", stderr(&discarded));
+    let report: Value = serde_json::from_str(&stdout(&discarded)).unwrap();
+    assert_eq!(report["outcomes"][0]["id"], open.items[0].id.to_string());
+    assert_eq!(report["outcomes"][1]["id"], open.items[1].id.to_string());
+    let listed = tool(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "list",
+            "--fingerprint",
+            &fingerprint,
+        ],
+    );
+    let page: Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    assert_eq!(page["items"][0]["id"], open.items[2].id);
+    let unknown = tool(
+        &db,
+        &[
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "discard",
+            "--fingerprint",
+            "000000000000",
+            "--limit",
+            "5",
+            "--yes",
+            "--reason",
+            "r",
+        ],
+    );
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(
+        stderr(&unknown).contains("no open letter with fingerprint"),
+        "{}",
+        stderr(&unknown)
+    );
+    db.drop_schema().await;
+}

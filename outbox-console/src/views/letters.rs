@@ -5,17 +5,15 @@
 
 use axum::Extension;
 use axum::extract::{Path, RawQuery, State};
-use chrono::{DateTime, Utc};
 use maud::{Markup, html};
-use outbox_core::ops::format::{error_fingerprint, error_shape};
+use outbox_core::ops::format::{ErrorGroup, error_fingerprint, group_by_error};
 use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord};
 
 use super::{audit_table, csrf_field, cut, frame, history, json, maybe_time, seg, time};
 use crate::form::{Fields, query};
 use crate::{ConsoleError, ConsoleStore, Ctx, Operator, Shared};
 
-/// The most letters a grouping reads (five pages of 1,000, oldest first).
-pub(crate) const GROUP_SCAN: usize = 5_000;
+pub(crate) use outbox_core::ops::format::GROUP_SCAN;
 
 /// The filter fields a letters listing keeps in its links.
 const FILTER_FIELDS: [&str; 7] = [
@@ -93,60 +91,6 @@ pub(crate) async fn group_members<S: ConsoleStore>(
         .collect())
 }
 
-/// One failure and the letters that share it.
-struct Group<'a> {
-    fingerprint: String,
-    shape: String,
-    letters: Vec<&'a LetterRecord>,
-}
-
-impl Group<'_> {
-    fn first_seen(&self) -> Option<DateTime<Utc>> {
-        self.letters.iter().map(|l| l.created_at).min()
-    }
-
-    fn last_seen(&self) -> Option<DateTime<Utc>> {
-        self.letters.iter().map(|l| l.created_at).max()
-    }
-
-    fn event_types(&self) -> String {
-        let mut types: Vec<String> = self
-            .letters
-            .iter()
-            .map(|l| match (&l.event_type, l.schema_version) {
-                (Some(t), Some(v)) => format!("{t} v{v}"),
-                (Some(t), None) => t.clone(),
-                _ => "unreadable".to_owned(),
-            })
-            .collect();
-        types.sort();
-        types.dedup();
-        types.join(", ")
-    }
-}
-
-fn groups(letters: &[LetterRecord]) -> Vec<Group<'_>> {
-    let mut groups: Vec<Group<'_>> = Vec::new();
-    for letter in letters {
-        let fingerprint = error_fingerprint(&letter.reason);
-        match groups.iter_mut().find(|g| g.fingerprint == fingerprint) {
-            Some(group) => group.letters.push(letter),
-            None => groups.push(Group {
-                fingerprint,
-                shape: error_shape(&letter.reason),
-                letters: vec![letter],
-            }),
-        }
-    }
-    groups.sort_by(|a, b| {
-        b.letters
-            .len()
-            .cmp(&a.letters.len())
-            .then(a.first_seen().cmp(&b.first_seen()))
-    });
-    groups
-}
-
 /// The grouped listing, or one group's letters with `?fingerprint=`.
 pub(crate) async fn list<S: ConsoleStore>(
     State(shared): Ctx<S>,
@@ -167,7 +111,7 @@ pub(crate) async fn list<S: ConsoleStore>(
         .iter()
         .map(|name| (*name, fields.get(name).unwrap_or_default().to_owned()))
         .collect();
-    let groups = groups(&letters);
+    let groups = group_by_error(&letters);
     let selected = fields.get("fingerprint");
     let title = match kind {
         LetterKind::Quarantined => format!("Quarantine of {consumer}"),
@@ -190,7 +134,7 @@ pub(crate) async fn list<S: ConsoleStore>(
         @match selected {
             None => (group_table(&here, &kept, &groups)),
             Some(fingerprint) => {
-                @let members: Vec<&LetterRecord> = groups.iter().find(|g| g.fingerprint == fingerprint).map(|g| g.letters.clone()).unwrap_or_default();
+                @let members: Vec<&LetterRecord> = letters.iter().filter(|l| error_fingerprint(&l.reason) == fingerprint).collect();
                 p { a href={ (here) "?" (query(kept.iter().cloned())) } { "All failures" } }
                 (group_letters(&shared, &operator, &here, &kept, fingerprint, kind, &consumer, &members))
             }
@@ -207,7 +151,7 @@ fn text_input(label: &str, name: &str, fields: &Fields) -> Markup {
     }
 }
 
-fn group_table(here: &str, kept: &[(&str, String)], groups: &[Group<'_>]) -> Markup {
+fn group_table(here: &str, kept: &[(&str, String)], groups: &[ErrorGroup]) -> Markup {
     html! {
         table #groups {
             thead { tr { th { "failure" } th.num { "letters" } th { "first seen" } th { "last seen" } th { "event types" } th { "examples" } } }
@@ -218,13 +162,13 @@ fn group_table(here: &str, kept: &[(&str, String)], groups: &[Group<'_>]) -> Mar
                             a href={ (here) "?" (query(kept.iter().cloned().chain([("fingerprint", g.fingerprint.clone())]))) } { (cut(&g.shape, 120)) }
                             br; span.note { "fingerprint " code { (g.fingerprint) } }
                         }
-                        td.num.count { (g.letters.len()) }
-                        td { (maybe_time(&g.first_seen())) }
-                        td { (maybe_time(&g.last_seen())) }
-                        td { (g.event_types()) }
+                        td.num.count { (g.count) }
+                        td { (time(&g.first_seen)) }
+                        td { (time(&g.last_seen)) }
+                        td { (g.event_types.join(", ")) }
                         td {
-                            @for l in g.letters.iter().take(5) {
-                                a href={ (here) "/" (l.id) } { (l.id) } " "
+                            @for id in &g.examples {
+                                a href={ (here) "/" (id) } { (id) } " "
                             }
                         }
                     }

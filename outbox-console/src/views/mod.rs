@@ -36,8 +36,8 @@ pub(crate) fn frame<S: ConsoleStore>(
             body {
                 header {
                     nav {
-                        a.brand href={ (base) "/" } { "outbox" }
-                        a href={ (base) "/" } { "Status" }
+                        a.brand href=(home(base)) { "outbox" }
+                        a href=(home(base)) { "Status" }
                         a href={ (base) "/events?status=failed" } { "Failed" }
                         a href={ (base) "/blocked" } { "Blocked" }
                         a href={ (base) "/events?status=pending" } { "Events" }
@@ -54,6 +54,16 @@ pub(crate) fn frame<S: ConsoleStore>(
                 }
             }
         }
+    }
+}
+
+/// The status page's path: the mount path itself (`/outbox`, which a
+/// router nested there answers; `/outbox/` it does not), or `/`.
+pub(crate) fn home(base: &str) -> String {
+    if base.is_empty() {
+        "/".to_owned()
+    } else {
+        base.to_owned()
     }
 }
 

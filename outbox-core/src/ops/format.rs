@@ -3,7 +3,11 @@
 //! short durations, partitions as ranges, and error texts reduced to a fingerprint so that the
 //! same failure of many messages shows once, with a count.
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
+
+use super::LetterRecord;
 
 /// An age in seconds as a short duration (`42s`, `3m 12s`, `2h 5m`,
 /// `3d 4h`); empty for none.
@@ -112,6 +116,75 @@ pub fn error_fingerprint(text: &str) -> String {
     hex::encode(&digest[..6])
 }
 
+/// The most letters a grouping reads (the oldest first), in the CLI and
+/// the console: enough to see the shape of an incident; both say when
+/// there were more.
+pub const GROUP_SCAN: usize = 5_000;
+
+/// How many example letter ids an [`ErrorGroup`] keeps.
+pub const GROUP_EXAMPLES: usize = 5;
+
+/// Letters that failed the same way: one [`error_fingerprint`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ErrorGroup {
+    /// The fingerprint of the letters' reasons.
+    pub fingerprint: String,
+    /// The reasons' shape (what the fingerprint hashes).
+    pub shape: String,
+    /// How many letters.
+    pub count: usize,
+    /// The oldest letter's time.
+    pub first_seen: DateTime<Utc>,
+    /// The newest letter's time.
+    pub last_seen: DateTime<Utc>,
+    /// The event types and schema versions among them (`order.created v2`;
+    /// `unreadable` for a message that could not be read), sorted.
+    pub event_types: Vec<String>,
+    /// The oldest letters' ids, up to [`GROUP_EXAMPLES`].
+    pub examples: Vec<i64>,
+}
+
+/// `letters` grouped by the fingerprint of their reasons, the largest
+/// group first (ties: the one seen first).
+pub fn group_by_error(letters: &[LetterRecord]) -> Vec<ErrorGroup> {
+    let mut groups: Vec<ErrorGroup> = Vec::new();
+    for letter in letters {
+        let fingerprint = error_fingerprint(&letter.reason);
+        let event_type = match (&letter.event_type, letter.schema_version) {
+            (Some(t), Some(v)) => format!("{t} v{v}"),
+            (Some(t), None) => t.clone(),
+            _ => "unreadable".to_owned(),
+        };
+        match groups.iter_mut().find(|g| g.fingerprint == fingerprint) {
+            Some(group) => {
+                group.count += 1;
+                group.first_seen = group.first_seen.min(letter.created_at);
+                group.last_seen = group.last_seen.max(letter.created_at);
+                if !group.event_types.contains(&event_type) {
+                    group.event_types.push(event_type);
+                }
+                if group.examples.len() < GROUP_EXAMPLES {
+                    group.examples.push(letter.id);
+                }
+            }
+            None => groups.push(ErrorGroup {
+                fingerprint,
+                shape: error_shape(&letter.reason),
+                count: 1,
+                first_seen: letter.created_at,
+                last_seen: letter.created_at,
+                event_types: vec![event_type],
+                examples: vec![letter.id],
+            }),
+        }
+    }
+    for group in &mut groups {
+        group.event_types.sort();
+    }
+    groups.sort_by(|a, b| b.count.cmp(&a.count).then(a.first_seen.cmp(&b.first_seen)));
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +196,50 @@ mod tests {
         assert_eq!(short_age(Some(192.0)), "3m 12s");
         assert_eq!(short_age(Some(7_500.0)), "2h 5m");
         assert_eq!(short_age(Some(273_600.0)), "3d 4h");
+    }
+
+    fn letter(id: i64, reason: &str, minute: u32) -> LetterRecord {
+        use chrono::TimeZone;
+        LetterRecord {
+            id,
+            consumer: "billing".into(),
+            kind: "dead_lettered".into(),
+            event_id: None,
+            event_type: Some("counter.ticked".into()),
+            schema_version: Some(1),
+            aggregate_type: None,
+            aggregate_id: None,
+            aggregate_version: None,
+            headers: serde_json::Value::Null,
+            payload: serde_json::Value::Null,
+            reason: reason.into(),
+            attempts: 1,
+            created_at: Utc.with_ymd_and_hms(2026, 12, 6, 5, minute, 0).unwrap(),
+            resolved_at: None,
+            resolution: None,
+            replays: 0,
+            last_replay_error: None,
+            replay_requested_at: None,
+        }
+    }
+
+    #[test]
+    fn letters_group_by_failure_largest_first() {
+        let letters = [
+            letter(1, "timeout after 30 s", 1),
+            letter(2, "downstream refuses counter c1", 2),
+            letter(3, "downstream refuses counter c2", 3),
+            letter(4, "downstream refuses counter c3", 4),
+        ];
+        let groups = group_by_error(&letters);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].count, 3);
+        assert_eq!(groups[0].examples, vec![2, 3, 4]);
+        assert_eq!(groups[0].shape, "downstream refuses counter <id>");
+        assert_eq!(groups[0].first_seen.format("%M").to_string(), "02");
+        assert_eq!(groups[0].last_seen.format("%M").to_string(), "04");
+        assert_eq!(groups[0].event_types, vec!["counter.ticked v1"]);
+        assert_eq!(groups[1].examples, vec![1]);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!   [`Ops::discard`], [`Ops::pass_version`] (a strict consumer's position
 //!   past a version the producer skipped); and retention with
 //!   [`Ops::cleanup`].
-//! - [`format`]: ages and error fingerprints worded as the CLI and the
+//! - [`format`](mod@format): ages, partitions and error fingerprints worded as the CLI and the
 //!   console show them.
 //! - [`OperationsStore`]: the relay side of all this as a seam, implemented
 //!   by [`Ops`] (PostgreSQL) and `outbox_sqlite::SqliteOps` (SQLite).
