@@ -17,7 +17,15 @@ const TOKEN_VARIABLE: &str = "OUTBOX_CONSOLE_TOKEN";
 /// loudly: anyone who can open a connection to that address on this
 /// machine acts as that operator.
 pub(crate) async fn serve<S: ConsoleStore>(store: S, args: ConsoleArgs) -> Outcome {
-    let token = std::env::var(TOKEN_VARIABLE).ok().filter(|t| !t.is_empty());
+    let token = match std::env::var_os(TOKEN_VARIABLE) {
+        None => None,
+        Some(value) if value.is_empty() => None,
+        Some(value) => Some(
+            value
+                .into_string()
+                .map_err(|_| format!("{TOKEN_VARIABLE} is not valid UTF-8"))?,
+        ),
+    };
     let loopback = args.listen.ip().is_loopback();
     if token.is_none() && !loopback {
         return Err(format!(
@@ -25,7 +33,7 @@ pub(crate) async fn serve<S: ConsoleStore>(store: S, args: ConsoleArgs) -> Outco
             args.listen
         ));
     }
-    if token.as_ref().is_some_and(|t| t.len() < 16) {
+    if token.as_ref().is_some_and(|t| t.chars().count() < 16) {
         return Err(format!(
             "{TOKEN_VARIABLE} is shorter than 16 characters: use a long random secret"
         ));
@@ -87,19 +95,23 @@ pub(crate) async fn serve<S: ConsoleStore>(store: S, args: ConsoleArgs) -> Outco
     Ok(EXIT_OK)
 }
 
-/// The `Host` values a browser sends for a loopback listener.
+/// The `Host` values a browser sends for a loopback listener (without the
+/// port when it is 80, HTTP's default).
 fn loopback_hosts(ip: std::net::IpAddr, port: u16) -> Vec<String> {
-    let mut hosts = vec![
-        format!("localhost:{port}"),
-        format!("127.0.0.1:{port}"),
-        format!("[::1]:{port}"),
-    ];
     let own = match ip {
-        std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
-        std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
     };
-    if !hosts.contains(&own) {
-        hosts.push(own);
+    let mut hosts = Vec::new();
+    for name in ["localhost", "127.0.0.1", "[::1]", own.as_str()] {
+        let host = if port == 80 {
+            name.to_owned()
+        } else {
+            format!("{name}:{port}")
+        };
+        if !hosts.contains(&host) {
+            hosts.push(host);
+        }
     }
     hosts
 }
@@ -124,5 +136,23 @@ async fn shutdown() {
     #[cfg(not(unix))]
     {
         let _ = interrupt.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loopback_hosts_as_browsers_name_them() {
+        let v4 = std::net::IpAddr::from([127, 0, 0, 1]);
+        assert_eq!(
+            super::loopback_hosts(v4, 8080),
+            vec!["localhost:8080", "127.0.0.1:8080", "[::1]:8080"]
+        );
+        assert_eq!(
+            super::loopback_hosts(v4, 80),
+            vec!["localhost", "127.0.0.1", "[::1]"]
+        );
+        let other = std::net::IpAddr::from([127, 0, 0, 2]);
+        assert_eq!(super::loopback_hosts(other, 8080)[3], "127.0.0.2:8080");
     }
 }

@@ -14,30 +14,80 @@ use crate::output::{Output, confirm, ops_error, print_next, print_report, repair
 use crate::table::{Table, age, cut, opt, when};
 use crate::{EXIT_OK, EXIT_PROBLEMS, Outcome};
 
-/// The letters matching `filter` and, when given, `fingerprint`, among the
-/// oldest [`GROUP_SCAN`] matching `filter`; and whether there were more.
+/// The most letters a repair by fingerprint reads looking for its
+/// letters.
+const REPAIR_SCAN: usize = 100_000;
+
+/// What a scan of letters found.
+pub(crate) struct Scan {
+    /// The letters kept, oldest first.
+    pub(crate) letters: Vec<LetterRecord>,
+    /// The last letter read, when the scan stopped with more letters after
+    /// it (the cursor to go on from); `None` when it read to the end.
+    pub(crate) stopped_at: Option<i64>,
+}
+
+/// Reads the letters matching `filter` from its `after` on, oldest first,
+/// keeping those whose reason has `fingerprint` (every one without), until
+/// `want` are kept or `max_read` were read.
 pub(crate) async fn scan_letters(
     ops: &Ops,
     mut filter: LetterFilter,
     fingerprint: Option<&str>,
-) -> Result<(Vec<LetterRecord>, bool), String> {
+    want: usize,
+    max_read: usize,
+) -> Result<Scan, String> {
     let mut letters = Vec::new();
-    let mut scanned = 0;
+    let mut read = 0;
     filter.limit = Some(1000);
     loop {
         let page = ops.letters(&filter).await.map_err(ops_error)?;
-        scanned += page.items.len();
-        letters.extend(
-            page.items
-                .into_iter()
-                .filter(|l| fingerprint.is_none_or(|f| error_fingerprint(&l.reason) == f)),
-        );
+        let count = page.items.len();
+        for (index, letter) in page.items.into_iter().enumerate() {
+            read += 1;
+            let id = letter.id;
+            if fingerprint.is_none_or(|f| error_fingerprint(&letter.reason) == f) {
+                letters.push(letter);
+            }
+            if letters.len() >= want || read >= max_read {
+                let more = if index + 1 < count {
+                    true
+                } else if page.next.is_some() {
+                    // A full page: look whether anything follows it.
+                    let probe = LetterFilter {
+                        after: Some(id),
+                        limit: Some(1),
+                        ..filter.clone()
+                    };
+                    !ops.letters(&probe)
+                        .await
+                        .map_err(ops_error)?
+                        .items
+                        .is_empty()
+                } else {
+                    false
+                };
+                return Ok(Scan {
+                    letters,
+                    stopped_at: more.then_some(id),
+                });
+            }
+        }
         match page.next {
-            Some(next) if scanned < GROUP_SCAN => filter.after = Some(next),
-            Some(_) => return Ok((letters, true)),
-            None => return Ok((letters, false)),
+            Some(next) => filter.after = Some(next),
+            None => {
+                return Ok(Scan {
+                    letters,
+                    stopped_at: None,
+                });
+            }
         }
     }
+}
+
+/// A fingerprint as given, trimmed and in lower case (as printed).
+fn normal_fingerprint(given: &str) -> String {
+    given.trim().to_ascii_lowercase()
 }
 
 /// `list --group`: what `--json` prints.
@@ -203,29 +253,39 @@ pub(crate) async fn letters(
             after,
             group,
         } if group || filter.fingerprint.is_some() => {
-            let fingerprint = filter.fingerprint.clone();
+            let fingerprint = filter.fingerprint.as_deref().map(normal_fingerprint);
             let filter = LetterFilter {
                 include_resolved: all,
+                after,
                 ..letter_filter_of(consumer, kind, filter)
             };
-            let (letters, truncated) = scan_letters(ops, filter, fingerprint.as_deref()).await?;
             if group {
-                print_groups(out, &letters, truncated);
+                let scan =
+                    scan_letters(ops, filter, fingerprint.as_deref(), usize::MAX, GROUP_SCAN)
+                        .await?;
+                print_groups(out, &scan.letters, scan.stopped_at.is_some());
             } else {
-                // One fingerprint's letters, paged on the cursor.
+                // One fingerprint's letters, a page at a time from the
+                // cursor; a page that read GROUP_SCAN letters without
+                // filling up ends at the last one read, and the next page
+                // goes on from there.
                 let page_size = outbox_core::ops::page_limit(limit) as usize;
-                let items: Vec<LetterRecord> = letters
-                    .into_iter()
-                    .filter(|l| after.is_none_or(|after| l.id > after))
-                    .collect();
-                let next = (items.len() > page_size).then(|| items[page_size - 1].id);
-                print_letters(
-                    out,
-                    &Page {
-                        items: items.into_iter().take(page_size).collect(),
-                        next,
-                    },
-                );
+                let scan = scan_letters(
+                    ops,
+                    filter,
+                    fingerprint.as_deref(),
+                    page_size + 1,
+                    GROUP_SCAN,
+                )
+                .await?;
+                let mut items = scan.letters;
+                let next = if items.len() > page_size {
+                    items.truncate(page_size);
+                    items.last().map(|l| l.id)
+                } else {
+                    scan.stopped_at
+                };
+                print_letters(out, &Page { items, next });
             }
             Ok(EXIT_OK)
         }
@@ -323,14 +383,27 @@ pub(crate) async fn select_letters(
         ));
     }
     let limit = repair_limit(select.limit)?;
-    if let Some(fingerprint) = select.filter.fingerprint.clone() {
+    if let Some(fingerprint) = select.filter.fingerprint.as_deref().map(normal_fingerprint) {
         let filter = letter_filter_of(consumer, kind, select.filter);
-        let (letters, _) = scan_letters(ops, filter, Some(&fingerprint)).await?;
-        let ids: Vec<i64> = letters.iter().take(limit).map(|l| l.id).collect();
+        let scan = scan_letters(ops, filter, Some(&fingerprint), limit, REPAIR_SCAN).await?;
+        let ids: Vec<i64> = scan.letters.iter().map(|l| l.id).collect();
+        let cut_short = scan.stopped_at.is_some() && ids.len() < limit;
         if ids.is_empty() {
-            return Err(format!(
-                "no open letter with fingerprint {fingerprint} matches the filters; nothing was changed"
-            ));
+            return Err(if cut_short {
+                format!(
+                    "no open letter with fingerprint {fingerprint} among the oldest {REPAIR_SCAN} matching the filters; narrow them (--since, --event-type); nothing was changed"
+                )
+            } else {
+                format!(
+                    "no open letter with fingerprint {fingerprint} matches the filters; nothing was changed"
+                )
+            });
+        }
+        if cut_short {
+            eprintln!(
+                "note: read the oldest {REPAIR_SCAN} matching letters and found {} with fingerprint {fingerprint}; more may follow",
+                ids.len()
+            );
         }
         confirm(
             &format!("{verb} {} letter(s) of {consumer}", ids.len()),

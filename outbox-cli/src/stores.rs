@@ -70,6 +70,12 @@ pub(crate) async fn sqlite(
             "{url} has no outbox tables: run `outbox --database-url {url} migrate` (or the service's migrate) first"
         ));
     }
+    if version < outbox_sqlite::SCHEMA_VERSION {
+        return Err(format!(
+            "{url} has outbox schema version {version}, older than this tool's {}: run `outbox --database-url {url} migrate` (or the service's migrate), which upgrades it in place",
+            outbox_sqlite::SCHEMA_VERSION
+        ));
+    }
     if version > outbox_sqlite::SCHEMA_VERSION {
         return Err(format!(
             "{url} has outbox schema version {version}, newer than this tool's {}: use the tool of the service's release",

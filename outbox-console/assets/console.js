@@ -1,8 +1,30 @@
 // Shows every <time datetime> in the viewer's own time zone (the HTML
-// carries UTC, readable without this script), and asks before a confirmed
-// action is sent twice by a double click.
+// carries UTC, readable without this script), reads the filters' times in
+// that zone too (sent as UTC), and keeps a confirmed action from being sent
+// twice by a double click.
 document.addEventListener("DOMContentLoaded", function () {
   var zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  var two = function (n) { return (n < 10 ? "0" : "") + n; };
+  var localText = function (at) {
+    return at.getFullYear() + "-" + two(at.getMonth() + 1) + "-" + two(at.getDate()) +
+      " " + two(at.getHours()) + ":" + two(at.getMinutes());
+  };
+  document.querySelectorAll("span.zone").forEach(function (el) {
+    el.textContent = "(" + zone + ")";
+  });
+  document.querySelectorAll("input.local-time").forEach(function (input) {
+    // A value sent before is UTC (RFC 3339): show it in the viewer's zone.
+    if (/[zZ]$|[+-]\d\d:\d\d$/.test(input.value)) {
+      var sent = new Date(input.value);
+      if (!isNaN(sent.getTime())) input.value = localText(sent);
+    }
+    input.form.addEventListener("submit", function () {
+      var text = input.value.trim();
+      if (!text || /[zZ]$|[+-]\d\d:\d\d$/.test(text)) return;
+      var at = new Date(text.replace(" ", "T"));
+      if (!isNaN(at.getTime())) input.value = at.toISOString();
+    });
+  });
   document.querySelectorAll("time[datetime]").forEach(function (el) {
     var at = new Date(el.getAttribute("datetime"));
     if (isNaN(at.getTime())) return;

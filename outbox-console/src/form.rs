@@ -58,15 +58,20 @@ impl Fields {
         if let Ok(at) = DateTime::parse_from_rfc3339(text) {
             return Ok(Some(at.with_timezone(&Utc)));
         }
-        ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S"]
-            .iter()
-            .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
-            .map(|at| Some(at.and_utc()))
-            .ok_or_else(|| {
-                ConsoleError::BadRequest(format!(
-                    "{name} must be a time like 2026-12-06T05:40 (UTC) or RFC 3339, not {text:?}"
-                ))
-            })
+        [
+            "%Y-%m-%dT%H:%M:%S",
+            "%Y-%m-%dT%H:%M",
+            "%Y-%m-%d %H:%M:%S",
+            "%Y-%m-%d %H:%M",
+        ]
+        .iter()
+        .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+        .map(|at| Some(at.and_utc()))
+        .ok_or_else(|| {
+            ConsoleError::BadRequest(format!(
+                "{name} must be a time like 2026-12-06 05:40 (UTC) or RFC 3339, not {text:?}"
+            ))
+        })
     }
 }
 

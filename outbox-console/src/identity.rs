@@ -105,15 +105,35 @@ impl Identify {
 }
 
 /// An operator name as the audit keeps it: trimmed, 1 to 200 characters,
-/// none of them control or invisible formatting characters (zero-width
-/// spaces and joiners, direction overrides, the byte order mark), which
-/// would let two names look alike.
+/// none of them control characters or the invisible ones that would let
+/// two names look alike (zero-width spaces and joiners, line and paragraph
+/// separators, direction marks and overrides, variation selectors, tag
+/// characters, interlinear annotation marks, the byte order mark, Hangul
+/// fillers).
 pub fn operator_name(name: &str) -> Option<Operator> {
     let name = name.trim();
     let invisible = |c: char| {
         c.is_control()
-            || matches!(c as u32, 0xAD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180E
-                | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F | 0xFEFF | 0xFFA0)
+            || matches!(
+                c as u32,
+                0xAD | 0x034F
+                    | 0x061C
+                    | 0x115F
+                    | 0x1160
+                    | 0x17B4
+                    | 0x17B5
+                    | 0x180B..=0x180F
+                    | 0x200B..=0x200F
+                    | 0x2028..=0x202E
+                    | 0x2060..=0x206F
+                    | 0x3164
+                    | 0xFE00..=0xFE0F
+                    | 0xFEFF
+                    | 0xFFA0
+                    | 0xFFF9..=0xFFFB
+                    | 0xE0000..=0xE007F
+                    | 0xE0100..=0xE01EF
+            )
     };
     (!name.is_empty() && name.chars().count() <= 200 && !name.chars().any(invisible))
         .then(|| Operator(name.to_owned()))

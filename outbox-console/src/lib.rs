@@ -85,8 +85,9 @@ impl<S: ConsoleStore> Console<S> {
         }
     }
 
-    /// Serves only requests whose `Host` is one of `hosts` (`host:port`,
-    /// any case); others get 421. Needed wherever being able to connect is
+    /// Serves only requests whose `Host` is one of `hosts`, given as
+    /// browsers send it (`host:port`, but without the port when it is the
+    /// scheme's default, 80 or 443; any case); others get 421. Needed wherever being able to connect is
     /// what admits a request ([`Identify::fixed`] on loopback): a page of
     /// another site whose name its DNS rebinds to 127.0.0.1 is same-origin
     /// with it to the browser, but its requests name its own host. Default:

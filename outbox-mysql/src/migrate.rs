@@ -252,9 +252,9 @@ async fn create_emit_procedure(pool: &MySqlPool) -> Result<(), sqlx::Error> {
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
     /// No outbox tables, or not all of them (a migration that never
-    /// finished, a table dropped by hand).
+    /// finished, a table dropped by hand), or no schema version row.
     #[error(
-        "the database has no outbox tables (missing: {missing}): run outbox_mysql::migrate (or `outbox --database-url … migrate`) first"
+        "the database has no outbox tables, or not all of them (missing: {missing}): run outbox_mysql::migrate (or `outbox --database-url … migrate`) first"
     )]
     NotMigrated {
         /// The tables not there, comma-separated.
@@ -291,12 +291,14 @@ pub enum SchemaError {
 /// and less clearly (an emit on version 1 tables: "PROCEDURE
 /// outbox_emit_counted_v1 does not exist"). Returns the version.
 pub async fn check_schema(pool: &MySqlPool) -> Result<i64, SchemaError> {
-    let present: Vec<String> = sqlx::query_scalar(
+    let mut query = sqlx::query_scalar::<_, String>(
         "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
-         WHERE table_schema = DATABASE() AND table_name LIKE 'outbox\\_%'",
-    )
-    .fetch_all(pool)
-    .await?;
+         WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?, ?, ?)",
+    );
+    for name in TABLE_NAMES {
+        query = query.bind(name);
+    }
+    let present: Vec<String> = query.fetch_all(pool).await?;
     let missing: Vec<&str> = TABLE_NAMES
         .iter()
         .copied()
@@ -314,7 +316,7 @@ pub async fn check_schema(pool: &MySqlPool) -> Result<i64, SchemaError> {
     .await?;
     match found {
         None => Err(SchemaError::NotMigrated {
-            missing: "the schema version row".to_owned(),
+            missing: "the row of outbox_schema_version".to_owned(),
         }),
         Some(found) if found < SCHEMA_VERSION => Err(SchemaError::Older {
             found,

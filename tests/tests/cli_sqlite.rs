@@ -210,3 +210,31 @@ async fn an_incident_on_a_sqlite_file_is_found_repaired_and_audited_with_the_cli
     let published = json(&url, &["events", "list", "--status", "published"], 0);
     assert_eq!(published["items"].as_array().unwrap().len(), 4);
 }
+
+#[tokio::test]
+async fn the_tool_names_a_file_of_an_older_or_newer_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    json(&url, &["migrate"], 0);
+    let pool = outbox_sqlite::connect(&url).await.unwrap();
+    for (version, says) in [
+        (1, "older than this tool's"),
+        (99, "newer than this tool's"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "PRAGMA user_version = {version}"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let refused = tool(&url, &["status"]);
+        assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+        assert!(text(&refused).contains(says), "{}", text(&refused));
+    }
+    // At this release's version again, the tool reads it.
+    sqlx::raw_sql("PRAGMA user_version = 2")
+        .execute(&pool)
+        .await
+        .unwrap();
+    json(&url, &["status"], 0);
+}

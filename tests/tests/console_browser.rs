@@ -56,6 +56,22 @@ async fn shown(client: &Client, css: &str) -> String {
     }
 }
 
+/// Waits until the browser is at a URL holding `part` (a form was sent).
+async fn submitted(client: &Client, part: &str) {
+    let deadline = std::time::Instant::now() + PAGE_TIMEOUT;
+    loop {
+        let url = client.current_url().await.unwrap();
+        if url.as_str().contains(part) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the browser stayed at {url}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn click(client: &Client, css: &str) {
     client
         .find(Locator::Css(css))
@@ -220,6 +236,58 @@ async fn an_operator_finds_inspects_and_repairs_an_incident_in_the_browser() {
     );
     screenshot(client, "status").await;
     no_secret(client, "the status page").await;
+
+    // ---- Filters read times in the viewer's zone (+05:30 here).
+    let local = |at: chrono::DateTime<chrono::Utc>| {
+        (at + chrono::Duration::minutes(330))
+            .format("%Y-%m-%d %H:%M")
+            .to_string()
+    };
+    for (since, listed) in [
+        (
+            local(chrono::Utc::now() - chrono::Duration::minutes(60)),
+            true,
+        ),
+        (
+            local(chrono::Utc::now() + chrono::Duration::minutes(60)),
+            false,
+        ),
+    ] {
+        client
+            .goto(&format!("{base}/events?status=failed"))
+            .await
+            .unwrap();
+        let zone = shown(client, "form.filters span.zone").await;
+        assert!(
+            zone.contains("Asia/"),
+            "the label names the viewer's zone: {zone}"
+        );
+        let input = client
+            .find(Locator::Css("input[name=since]"))
+            .await
+            .unwrap();
+        input.send_keys(&since).await.unwrap();
+        click(client, "form.filters button[type=submit]").await;
+        submitted(client, "since=").await;
+        let body = shown(client, "main").await;
+        assert_eq!(
+            body.contains("card / ch-1"),
+            listed,
+            "failed at or after {since} (viewer's time): {body}"
+        );
+        let shown_back = client
+            .find(Locator::Css("input[name=since]"))
+            .await
+            .unwrap()
+            .prop("value")
+            .await
+            .unwrap();
+        assert_eq!(
+            shown_back.as_deref(),
+            Some(since.as_str()),
+            "shown in the viewer's zone again"
+        );
+    }
 
     // ---- Inspected: the blocked aggregate's head, payload redacted.
     click(client, "header nav a[href='/blocked']").await;

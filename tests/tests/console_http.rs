@@ -31,9 +31,10 @@ use uuid::Uuid;
 /// The card number of every seeded charge: a `redact` field, never shown.
 const SECRET: u64 = 4_111_999_988_887_777;
 
-/// A failed head (v1 of card `ch-1`, v2 waiting behind it), and a failed
-/// event of card `ch-2`, as a relay whose broker refuses every first
-/// version leaves them. Returns the two failed ids.
+/// A failed head (v1 of card `ch-1`, v2 waiting behind it), a failed
+/// event of card `ch-2`, and a published one of `ch-3`, as a relay whose
+/// broker refuses the first versions of `ch-1` and `ch-2` leaves them.
+/// Returns the two failed ids.
 async fn seed_failed(db: &TestDb) -> (Uuid, Uuid) {
     let charge = |id: &str| CardCharged {
         charge_id: id.into(),
@@ -42,12 +43,20 @@ async fn seed_failed(db: &TestDb) -> (Uuid, Uuid) {
     };
     let mut tx = db.pool.begin().await.unwrap();
     db.outbox
-        .emit_all(&mut tx, &[charge("ch-1"), charge("ch-1"), charge("ch-2")])
+        .emit_all(
+            &mut tx,
+            &[
+                charge("ch-1"),
+                charge("ch-1"),
+                charge("ch-2"),
+                charge("ch-3"),
+            ],
+        )
         .await
         .unwrap();
     tx.commit().await.unwrap();
     let transport = RecordingTransport::failing(|e: &Envelope| {
-        (e.aggregate_version == 1)
+        (e.aggregate_version == 1 && e.aggregate_id != "ch-3")
             .then(|| PublishFailure::permanent("message too large for the broker"))
     });
     let config = RelayConfig {
@@ -65,12 +74,13 @@ async fn seed_failed(db: &TestDb) -> (Uuid, Uuid) {
         .await
         .unwrap();
     wait::until(
-        "both first versions failed",
+        "both first versions failed, ch-3 published",
         Duration::from_secs(20),
         || async {
             db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_events WHERE status = 'failed'")
                 .await
                 == 2
+                && db.published().await == 1
         },
     )
     .await;
@@ -1134,5 +1144,108 @@ async fn nested_under_a_prefix_every_link_stays_under_it_and_answers() {
             .any(|p| p.starts_with("/outbox/consumers/billing/dead_lettered")),
         "{seen:?}"
     );
+    db.drop_schema().await;
+}
+
+/// Runs `action` on `id` through the console's two steps; returns the
+/// outcome page.
+async fn act(router: &Router, action: &str, id: &str, reason: &str) -> outbox_tests::console::Page {
+    let csrf = get(router, "/events?status=failed").await.csrf();
+    let preview = post(
+        router,
+        "/actions/preview",
+        &[("action", action), ("id", id), ("csrf", &csrf)],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(preview.body.contains(id), "{}", preview.body);
+    post(
+        router,
+        "/actions/run",
+        &[
+            ("action", action),
+            ("id", id),
+            ("csrf", &preview.csrf()),
+            ("reason", reason),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK)
+}
+
+#[tokio::test]
+async fn every_relay_repair_runs_through_the_console_and_is_audited() {
+    let db = TestDb::new().await;
+    let (head, other) = seed_failed(&db).await;
+    let ops = Ops::new(db.pool.clone(), db.schema.clone());
+    let published = ops
+        .events(&EventFilter {
+            status: EventStatus::Published,
+            ..EventFilter::default()
+        })
+        .await
+        .unwrap()
+        .items[0]
+        .id;
+    let router = console(&db);
+
+    let done = act(
+        &router,
+        "skip-failed",
+        &other.to_string(),
+        "ch-2 was a test charge",
+    )
+    .await;
+    assert!(done.body.contains(">skipped<"), "{}", done.body);
+    assert_eq!(status_of(&db, other).await, "skipped");
+    let done = act(
+        &router,
+        "republish",
+        &published.to_string(),
+        "the projection lost it",
+    )
+    .await;
+    assert!(done.body.contains(">republished<"), "{}", done.body);
+    let done = act(
+        &router,
+        "retry-failed",
+        &head.to_string(),
+        "the broker is fixed",
+    )
+    .await;
+    assert!(done.body.contains(">retried<"), "{}", done.body);
+    // A published event is not a retrying head: the page says what was left.
+    let done = act(
+        &router,
+        "retry-blocked",
+        &published.to_string(),
+        "try it now",
+    )
+    .await;
+    assert!(done.body.contains(">not_blocked_head<"), "{}", done.body);
+
+    let audit = ops.audit(None, None).await.unwrap();
+    let actions: Vec<(&str, &str)> = audit
+        .items
+        .iter()
+        .map(|row| (row.action.as_str(), row.operator.as_str()))
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            ("relay.retry_blocked", "ada"),
+            ("relay.retry", "ada"),
+            ("relay.republish", "ada"),
+            ("relay.skip", "ada"),
+        ]
+    );
+    let shown = get(&router, "/audit").await.expect(StatusCode::OK);
+    for reason in [
+        "ch-2 was a test charge",
+        "the projection lost it",
+        "the broker is fixed",
+    ] {
+        assert!(shown.body.contains(reason), "{}", shown.body);
+    }
     db.drop_schema().await;
 }

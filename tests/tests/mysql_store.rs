@@ -352,6 +352,19 @@ async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
         .execute(&db.pool)
         .await
         .unwrap();
+    // A table dropped by hand is named.
+    sqlx::query("DROP TABLE outbox_audit")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    match outbox_mysql::check_schema(&db.pool).await {
+        Err(outbox_mysql::SchemaError::NotMigrated { missing }) => {
+            assert_eq!(missing, "outbox_audit")
+        }
+        other => panic!("{other:?}"),
+    }
+    outbox_mysql::migrate(&db.pool).await.unwrap();
+    assert_eq!(outbox_mysql::check_schema(&db.pool).await.unwrap(), 2);
     // The counter carries on where version 1 left it.
     let mut tx = db.pool.begin().await.unwrap();
     let emitted = MySqlOutbox::new()

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use outbox_core::Envelope;
 use outbox_core::audit::{RepairError, RepairRequest};
-use outbox_core::consumer::{ConsumerConfig, Outcome, ReplayOutcome, RetryPolicy, channel};
+use outbox_core::consumer::{
+    ConsumerBuilder, ConsumerConfig, HandlerError, Outcome, ReplayOutcome, RetryPolicy, channel,
+};
 use outbox_core::ops::{
     EventFilter, EventStatus, LetterFilter, LetterKind, MAX_REPAIR_IDS, Ops, OpsError,
     StatusOptions,
@@ -18,7 +20,7 @@ use outbox_core::relay::{Backoff, Relay, RelayConfig};
 use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
 use outbox_tests::consumers::{create_effects, effects, tick, tick_consumer};
-use outbox_tests::events::CardCharged;
+use outbox_tests::events::{CardCharged, Ticked};
 use outbox_tests::transports::RecordingTransport;
 use outbox_tests::{TestDb, db, wait};
 use serde_json::Value;
@@ -1278,14 +1280,22 @@ async fn a_version_republished_behind_a_retrying_head_is_published_first_and_the
 async fn the_tool_groups_letters_by_error_fingerprint_and_repairs_a_group_up_to_a_limit() {
     let db = TestDb::new().await;
     create_effects(&db).await;
-    let consumer = tick_consumer(
-        &db,
-        "billing",
-        dead_letter_config(),
-        Duration::ZERO,
-        &["c1", "c2", "c3"],
-    );
-    for counter in ["c1", "c2", "c3"] {
+    // The oldest letter fails another way than the three after it.
+    let consumer = ConsumerBuilder::new("billing")
+        .config(dead_letter_config())
+        .on_fn::<Ticked, _>(|received, _| {
+            let counter = received.event.counter.clone();
+            Box::pin(async move {
+                Err(if counter == "c0" {
+                    HandlerError::retryable("the ledger is locked for 30 s")
+                } else {
+                    HandlerError::retryable(format!("downstream refuses counter {counter}"))
+                })
+            })
+        })
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    for counter in ["c0", "c1", "c2", "c3"] {
         assert!(matches!(
             consumer.handle_envelope(&tick(counter, 1)).await.unwrap(),
             Outcome::DeadLettered { .. }
@@ -1304,11 +1314,12 @@ async fn the_tool_groups_letters_by_error_fingerprint_and_repairs_a_group_up_to_
     );
     assert_eq!(grouped.status.code(), Some(0), "{}", stderr(&grouped));
     let report: Value = serde_json::from_str(&stdout(&grouped)).unwrap();
-    assert_eq!(report["letters"], 3);
+    assert_eq!(report["letters"], 4);
     assert_eq!(report["truncated"], false);
     let groups = report["groups"].as_array().unwrap();
-    assert_eq!(groups.len(), 1, "one failure, three counters: {report}");
-    assert_eq!(groups[0]["count"], 3);
+    assert_eq!(groups.len(), 2, "two failures: {report}");
+    assert_eq!(groups[0]["count"], 3, "the largest first: {report}");
+    assert_eq!(groups[1]["count"], 1);
     let fingerprint = groups[0]["fingerprint"].as_str().unwrap().to_owned();
     let ops = Ops::new(db.pool.clone(), db.schema.clone());
     let open = ops
@@ -1321,7 +1332,7 @@ async fn the_tool_groups_letters_by_error_fingerprint_and_repairs_a_group_up_to_
         .unwrap();
     assert_eq!(
         fingerprint,
-        outbox_core::ops::format::error_fingerprint(&open.items[0].reason),
+        outbox_core::ops::format::error_fingerprint(&open.items[1].reason),
         "the tool and the console share one fingerprint"
     );
     let human = tool(
@@ -1334,7 +1345,45 @@ async fn the_tool_groups_letters_by_error_fingerprint_and_repairs_a_group_up_to_
         "{text}"
     );
 
-    // A group's oldest two, discarded by fingerprint.
+    // Paged one at a time, the cursor goes on within the group.
+    let first = tool(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "list",
+            "--fingerprint",
+            &fingerprint.to_uppercase(),
+            "--limit",
+            "1",
+        ],
+    );
+    let first: Value = serde_json::from_str(&stdout(&first)).unwrap();
+    assert_eq!(first["items"][0]["id"], open.items[1].id, "{first}");
+    let next = first["next"].as_i64().expect("a next page").to_string();
+    let second = tool(
+        &db,
+        &[
+            "--json",
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "list",
+            "--fingerprint",
+            &fingerprint,
+            "--limit",
+            "1",
+            "--after",
+            &next,
+        ],
+    );
+    let second: Value = serde_json::from_str(&stdout(&second)).unwrap();
+    assert_eq!(second["items"][0]["id"], open.items[2].id, "{second}");
+
+    // A group's oldest two, discarded by fingerprint (the older letter of
+    // the other failure stays).
     let discarded = tool(
         &db,
         &[
@@ -1354,8 +1403,8 @@ async fn the_tool_groups_letters_by_error_fingerprint_and_repairs_a_group_up_to_
     );
     assert_eq!(discarded.status.code(), Some(0), "{}", stderr(&discarded));
     let report: Value = serde_json::from_str(&stdout(&discarded)).unwrap();
-    assert_eq!(report["outcomes"][0]["id"], open.items[0].id.to_string());
-    assert_eq!(report["outcomes"][1]["id"], open.items[1].id.to_string());
+    assert_eq!(report["outcomes"][0]["id"], open.items[1].id.to_string());
+    assert_eq!(report["outcomes"][1]["id"], open.items[2].id.to_string());
     let listed = tool(
         &db,
         &[
@@ -1370,7 +1419,8 @@ async fn the_tool_groups_letters_by_error_fingerprint_and_repairs_a_group_up_to_
     );
     let page: Value = serde_json::from_str(&stdout(&listed)).unwrap();
     assert_eq!(page["items"].as_array().unwrap().len(), 1);
-    assert_eq!(page["items"][0]["id"], open.items[2].id);
+    assert_eq!(page["items"][0]["id"], open.items[3].id);
+    assert_eq!(page["next"], Value::Null);
     let unknown = tool(
         &db,
         &[

@@ -88,12 +88,12 @@ pub(crate) async fn list<S: ConsoleStore>(
                     }
                 }
             }
-            (text_input("event type", "event_type", &fields))
-            (text_input("aggregate type", "aggregate_type", &fields))
-            (text_input("aggregate id", "aggregate_id", &fields))
-            (text_input("error contains", "error", &fields))
-            (text_input("since (UTC)", "since", &fields))
-            (text_input("until (UTC)", "until", &fields))
+            (super::text_input("event type", "event_type", &fields))
+            (super::text_input("aggregate type", "aggregate_type", &fields))
+            (super::text_input("aggregate id", "aggregate_id", &fields))
+            (super::text_input("error contains", "error", &fields))
+            (super::time_input("since", "since", &fields))
+            (super::time_input("until", "until", &fields))
             button type="submit" { "Filter" }
         }
         form.confirm method="post" action={ (base) "/actions/preview" } {
@@ -139,15 +139,6 @@ pub(crate) async fn list<S: ConsoleStore>(
         &format!("Events: {status}"),
         body,
     ))
-}
-
-/// A labelled text input keeping its value.
-fn text_input(label: &str, name: &str, fields: &Fields) -> Markup {
-    html! {
-        label { (label)
-            input type="text" name=(name) value=(fields.get(name).unwrap_or_default());
-        }
-    }
 }
 
 /// Events as a table, with a tick box per row when `selectable`.

@@ -71,7 +71,13 @@ pub(crate) async fn scan<S: ConsoleStore>(
         letters.extend(page.items);
         match page.next {
             Some(next) if letters.len() < GROUP_SCAN => filter.after = Some(next),
-            Some(_) => return Ok((letters, true)),
+            Some(next) => {
+                // A full last page: look whether anything follows it.
+                filter.after = Some(next);
+                filter.limit = Some(1);
+                let more = !store.letters(&filter).await?.items.is_empty();
+                return Ok((letters, more));
+            }
             None => return Ok((letters, false)),
         }
     }
@@ -119,12 +125,12 @@ pub(crate) async fn list<S: ConsoleStore>(
     };
     let body = html! {
         form.filters method="get" action=(here) {
-            (text_input("event type", "event_type", &fields))
-            (text_input("aggregate type", "aggregate_type", &fields))
-            (text_input("aggregate id", "aggregate_id", &fields))
-            (text_input("reason contains", "reason", &fields))
-            (text_input("since (UTC)", "since", &fields))
-            (text_input("until (UTC)", "until", &fields))
+            (super::text_input("event type", "event_type", &fields))
+            (super::text_input("aggregate type", "aggregate_type", &fields))
+            (super::text_input("aggregate id", "aggregate_id", &fields))
+            (super::text_input("reason contains", "reason", &fields))
+            (super::time_input("since", "since", &fields))
+            (super::time_input("until", "until", &fields))
             label { "closed too" input type="checkbox" name="resolved" value="1" checked[fields.get("resolved").is_some()]; }
             button type="submit" { "Filter" }
         }
@@ -141,14 +147,6 @@ pub(crate) async fn list<S: ConsoleStore>(
         }
     };
     Ok(frame(&shared, &operator, &title, body))
-}
-
-fn text_input(label: &str, name: &str, fields: &Fields) -> Markup {
-    html! {
-        label { (label)
-            input type="text" name=(name) value=(fields.get(name).unwrap_or_default());
-        }
-    }
 }
 
 fn group_table(here: &str, kept: &[(&str, String)], groups: &[ErrorGroup]) -> Markup {

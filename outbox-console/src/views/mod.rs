@@ -74,6 +74,27 @@ pub(crate) fn time(at: &DateTime<Utc>) -> Markup {
     }
 }
 
+/// A labelled text input of a filter, keeping its value.
+pub(crate) fn text_input(label: &str, name: &str, fields: &crate::form::Fields) -> Markup {
+    html! {
+        label { (label)
+            input type="text" name=(name) value=(fields.get(name).unwrap_or_default());
+        }
+    }
+}
+
+/// A filter's time input. Without the page's script what is typed is read
+/// as UTC (the label says so); with it, as the viewer's zone (the label
+/// names it): the script sends it as UTC (RFC 3339) and shows a sent value
+/// back in the viewer's zone.
+pub(crate) fn time_input(label: &str, name: &str, fields: &crate::form::Fields) -> Markup {
+    html! {
+        label { (label) " " span.zone { "(UTC)" }
+            input.local-time type="text" name=(name) placeholder="2026-12-06 10:40" value=(fields.get(name).unwrap_or_default());
+        }
+    }
+}
+
 /// An optional point in time (`-` for none).
 pub(crate) fn maybe_time(at: &Option<DateTime<Utc>>) -> Markup {
     match at {
