@@ -25,8 +25,9 @@ use super::Consumer;
 use super::config::Ordering;
 use super::incoming::{Incoming, Outcome};
 use super::process::{ConsumerError, Gate, Prepared, before_start_reason, strict_gate};
+use super::store::{ConsumerStore, StoreConnection};
+use super::store::{LetterKind, MovedPosition, Position};
 use crate::envelope::Envelope;
-use crate::store::consumer::{LetterKind, MovedPosition, Position};
 
 type Aggregate = (String, String);
 
@@ -109,7 +110,7 @@ fn aggregate_of(envelope: &Envelope) -> Aggregate {
     )
 }
 
-impl Consumer {
+impl<S: ConsumerStore> Consumer<S> {
     /// Processes messages in one transaction: one inbox statement for all,
     /// then each message's policy and handler, each aggregate's in version
     /// order. When a handler fails, the batch rolls back and every message
@@ -130,7 +131,8 @@ impl Consumer {
             return self.one_by_one(batch).await;
         }
         let ordering = self.inner.config.ordering;
-        let prepared: Vec<Prepared<'_>> = batch.iter().map(|i| self.prepare(i)).collect();
+        let prepared: Vec<Prepared<'_, StoreConnection<S>>> =
+            batch.iter().map(|i| self.prepare(i)).collect();
         // Under strict ordering the starts of aggregates whose version 1 is
         // here are fixed (committed) before any of their handlers starts.
         let readable: Vec<&Envelope> = prepared
@@ -159,7 +161,7 @@ impl Consumer {
         };
         let mut fresh: HashSet<Uuid> = self
             .inner
-            .sql
+            .store
             .claim_many(&mut tx, &self.inner.name, &ids)
             .await
             .map_err(self.db_error("recording the batch in the inbox"))?
@@ -178,7 +180,7 @@ impl Consumer {
             if !aggregates.is_empty() {
                 settlement.positions = self
                     .inner
-                    .sql
+                    .store
                     .lock_positions(&mut tx, &self.inner.name, &aggregates)
                     .await
                     .map_err(self.db_error("locking the batch's aggregate positions"))?
@@ -235,14 +237,15 @@ impl Consumer {
         let ready = if ordered {
             let moved: Vec<MovedPosition> = settlement.moved.into_values().collect();
             self.inner
-                .sql
+                .store
                 .settle_batch(&mut tx, &self.inner.name, &moved, &settlement.parked)
                 .await
                 .map_err(self.db_error("settling the batch's positions"))?
         } else {
             Vec::new()
         };
-        let mut prepared: Vec<Option<Prepared<'_>>> = prepared.into_iter().map(Some).collect();
+        let mut prepared: Vec<Option<Prepared<'_, StoreConnection<S>>>> =
+            prepared.into_iter().map(Some).collect();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
         for index in order {
             let (Some(prepared), Some(decision)) =
@@ -271,7 +274,7 @@ impl Consumer {
                 }
                 (Decision::Letter(reason), Prepared::Ready { envelope, .. }) => {
                     self.inner
-                        .sql
+                        .store
                         .forget_processed(&mut tx, &self.inner.name, envelope.id)
                         .await
                         .map_err(self.db_error("releasing an inbox row"))?;
@@ -316,7 +319,7 @@ impl Consumer {
         }
         // A handler that swallowed a failed statement left the transaction
         // aborted: found here (its failure is then found one by one).
-        if super::process::transaction_intact(&mut tx).await.is_err() {
+        if self.inner.store.transaction_intact(&mut tx).await.is_err() {
             let _ = tx.rollback().await;
             return self.one_by_one(batch).await;
         }
@@ -339,7 +342,10 @@ impl Consumer {
 
     /// The envelope of a prepared message that takes an inbox row: one to
     /// apply, or (strict) a skipped type that still moves positions.
-    fn inbox_envelope<'p>(&self, prepared: &'p Prepared<'_>) -> Option<&'p Envelope> {
+    fn inbox_envelope<'p>(
+        &self,
+        prepared: &'p Prepared<'_, StoreConnection<S>>,
+    ) -> Option<&'p Envelope> {
         match prepared {
             Prepared::Ready { envelope, .. } => Some(envelope),
             Prepared::Ignored { envelope } if self.tracks(envelope) => Some(envelope),
@@ -359,11 +365,11 @@ impl Consumer {
 /// The order a batch's messages are processed in: under an ordering
 /// policy each aggregate's messages together, by version, aggregates in
 /// the order they first appear; unordered, as delivered.
-fn processing_order<'a>(ordering: Ordering, prepared: &'a [Prepared<'_>]) -> Vec<usize> {
+fn processing_order<'a, C>(ordering: Ordering, prepared: &'a [Prepared<'_, C>]) -> Vec<usize> {
     if ordering == Ordering::Unordered {
         return (0..prepared.len()).collect();
     }
-    let envelope = |p: &'a Prepared<'_>| match p {
+    let envelope = |p: &'a Prepared<'_, C>| match p {
         Prepared::Ready { envelope, .. } | Prepared::Ignored { envelope } => Some(envelope),
         Prepared::Unreadable { envelope, .. } => envelope.as_ref(),
         Prepared::Foreign => None,

@@ -10,11 +10,11 @@ use sqlx::{PgConnection, PgPool};
 
 use super::config::{ConsumerConfig, validate_name};
 use super::handler::{Dispatch, FnHandler, Handler, HandlerError, Received, Typed};
+use super::store::ConsumerStore;
 use super::{Consumer, Inner};
 use crate::contract::OutboxEvent;
 use crate::registry::{ContractRegistry, RegistryErrors};
-use crate::store::consumer::ConsumerSql;
-use crate::store::{ConfigError, SchemaName};
+use crate::store::{ConfigError, PgConsumerStore, SchemaName};
 
 /// One problem found while building a consumer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,15 +112,20 @@ impl std::error::Error for BuildErrors {}
 
 /// Collects handlers and settings; [`ConsumerBuilder::build`] checks them.
 ///
+/// `C` is the connection type the handlers receive: `PgConnection` for a
+/// consumer on PostgreSQL ([`ConsumerBuilder::new`]); another store's
+/// consumer starts with [`ConsumerBuilder::for_connection`] and is built
+/// with [`ConsumerBuilder::build_on`].
+///
 /// Settings compose in any order: [`config`](Self::config) gives the whole
 /// set, and each single setter ([`ordering`](Self::ordering),
 /// [`retry`](Self::retry), [`batch_size`](Self::batch_size)) wins over the
 /// same field of it, whether it was called before or after.
-pub struct ConsumerBuilder {
+pub struct ConsumerBuilder<C = PgConnection> {
     name: String,
     config: ConsumerConfig,
     overrides: Overrides,
-    handlers: Vec<Box<dyn Dispatch>>,
+    handlers: Vec<Box<dyn Dispatch<C>>>,
     ignored: BTreeSet<String>,
     registry: Option<ContractRegistry>,
 }
@@ -148,7 +153,7 @@ impl Overrides {
     }
 }
 
-impl fmt::Debug for ConsumerBuilder {
+impl<C> fmt::Debug for ConsumerBuilder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsumerBuilder")
             .field("name", &self.name)
@@ -167,9 +172,24 @@ impl fmt::Debug for ConsumerBuilder {
 }
 
 impl ConsumerBuilder {
-    /// A consumer called `name`: its inbox key, its positions, its dead
-    /// letters and its JetStream durable name.
+    /// A consumer called `name` on PostgreSQL: its inbox key, its
+    /// positions, its dead letters and its JetStream durable name.
     pub fn new(name: impl Into<String>) -> ConsumerBuilder {
+        ConsumerBuilder::for_connection(name)
+    }
+
+    /// Checks everything and builds the consumer on `pool`, with its tables
+    /// in `schema` (migrated with [`crate::store::migrate`]).
+    pub fn build(self, pool: PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
+        self.build_on(PgConsumerStore::new(pool, schema))
+    }
+}
+
+impl<C: Send + 'static> ConsumerBuilder<C> {
+    /// A consumer called `name` whose handlers receive `&mut C`, the
+    /// connection type of the store it will be built on with
+    /// [`build_on`](Self::build_on).
+    pub fn for_connection(name: impl Into<String>) -> ConsumerBuilder<C> {
         ConsumerBuilder {
             name: name.into(),
             config: ConsumerConfig::default(),
@@ -182,7 +202,7 @@ impl ConsumerBuilder {
 
     /// Handles every version of `E`'s event type: older versions are
     /// upcast to `E` before `handler` sees them.
-    pub fn on<E: OutboxEvent, H: Handler<E>>(mut self, handler: H) -> Self {
+    pub fn on<E: OutboxEvent, H: Handler<E, C>>(mut self, handler: H) -> Self {
         self.handlers.push(Box::new(Typed::<E, H>::new(handler)));
         self
     }
@@ -192,7 +212,7 @@ impl ConsumerBuilder {
     pub fn on_fn<E, F>(self, handler: F) -> Self
     where
         E: OutboxEvent,
-        F: for<'a> Fn(Received<E>, &'a mut PgConnection) -> BoxFuture<'a, Result<(), HandlerError>>
+        F: for<'a> Fn(Received<E>, &'a mut C) -> BoxFuture<'a, Result<(), HandlerError>>
             + Send
             + Sync
             + 'static,
@@ -246,9 +266,13 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Checks everything and builds the consumer on `pool`, with its tables
-    /// in `schema` (migrated with [`crate::store::migrate`]).
-    pub fn build(mut self, pool: PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
+    /// Checks everything and builds the consumer on `store` (its tables
+    /// migrated by the store's own migrations).
+    pub fn build_on<S>(mut self, store: S) -> Result<Consumer<S>, BuildErrors>
+    where
+        S: ConsumerStore,
+        S::Db: sqlx::Database<Connection = C>,
+    {
         self.config = self.overrides.apply(self.config);
         let mut problems = Vec::new();
         if let Err(error) = validate_name(&self.name) {
@@ -272,7 +296,7 @@ impl ConsumerBuilder {
                 }
             },
         };
-        let mut handlers: HashMap<&'static str, Box<dyn Dispatch>> = HashMap::new();
+        let mut handlers: HashMap<&'static str, Box<dyn Dispatch<C>>> = HashMap::new();
         for handler in self.handlers {
             if let Some(registry) = &registry {
                 problems.extend(check_reach(&self.name, handler.as_ref(), registry));
@@ -329,19 +353,7 @@ impl ConsumerBuilder {
         let name: Arc<str> = Arc::from(self.name.as_str());
         Ok(Consumer {
             inner: Arc::new(Inner {
-                sql: ConsumerSql::new(&schema),
-                begin_sql: format!(
-                    "BEGIN; SET LOCAL statement_timeout = {}",
-                    self.config.retry.handler_timeout.as_millis().max(1)
-                ),
-                begin_batch_sql: format!(
-                    "BEGIN; SET LOCAL statement_timeout = {};
-                     SELECT set_config('outbox.plan_cache_mode', current_setting('plan_cache_mode'), true);
-                     SET LOCAL plan_cache_mode = force_generic_plan",
-                    self.config.retry.handler_timeout.as_millis().max(1)
-                ),
-                schema,
-                pool,
+                store,
                 name,
                 handlers,
                 ignored: self.ignored,
@@ -356,9 +368,9 @@ impl ConsumerBuilder {
 }
 
 /// The registered versions of the handler's event type must all reach it.
-fn check_reach(
+fn check_reach<C>(
     consumer: &str,
-    handler: &dyn Dispatch,
+    handler: &dyn Dispatch<C>,
     registry: &ContractRegistry,
 ) -> Vec<BuildError> {
     let mut problems = Vec::new();

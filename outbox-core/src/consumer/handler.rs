@@ -172,22 +172,26 @@ impl fmt::Display for HandlerError {
 /// [`ConsumerBuilder::on_fn`](super::ConsumerBuilder::on_fn). Every database
 /// effect goes through `tx`, the consumer's transaction: it commits with the
 /// inbox row or not at all.
-pub trait Handler<E: OutboxEvent>: Send + Sync + 'static {
+///
+/// `C` is the connection type of the consumer's store: `PgConnection` (the
+/// default) on PostgreSQL.
+pub trait Handler<E: OutboxEvent, C: Send + 'static = PgConnection>: Send + Sync + 'static {
     /// Applies `event`.
     fn handle(
         &self,
         event: Received<E>,
-        tx: &mut PgConnection,
+        tx: &mut C,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
 
 /// A handler made from a closure returning a boxed future.
 pub(crate) struct FnHandler<F>(pub(crate) F);
 
-impl<E, F> Handler<E> for FnHandler<F>
+impl<E, C, F> Handler<E, C> for FnHandler<F>
 where
     E: OutboxEvent,
-    F: for<'a> Fn(Received<E>, &'a mut PgConnection) -> BoxFuture<'a, Result<(), HandlerError>>
+    C: Send + 'static,
+    F: for<'a> Fn(Received<E>, &'a mut C) -> BoxFuture<'a, Result<(), HandlerError>>
         + Send
         + Sync
         + 'static,
@@ -195,7 +199,7 @@ where
     fn handle(
         &self,
         event: Received<E>,
-        tx: &mut PgConnection,
+        tx: &mut C,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send {
         (self.0)(event, tx)
     }
@@ -204,8 +208,8 @@ where
 /// A decoded event of some type, ready for its handler.
 pub(crate) type Decoded = Box<dyn Any + Send>;
 
-/// A handler with its event type erased.
-pub(crate) trait Dispatch: Send + Sync {
+/// A handler with its event type erased; `C` is the store's connection.
+pub(crate) trait Dispatch<C>: Send + Sync {
     fn event_type(&self) -> &'static str;
     fn aggregate_type(&self) -> &'static str;
     fn version(&self) -> u32;
@@ -221,7 +225,7 @@ pub(crate) trait Dispatch: Send + Sync {
         &'a self,
         decoded: Decoded,
         meta: EventMeta,
-        tx: &'a mut PgConnection,
+        tx: &'a mut C,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
@@ -240,7 +244,7 @@ impl<E, H> Typed<E, H> {
     }
 }
 
-impl<E: OutboxEvent, H: Handler<E>> Dispatch for Typed<E, H> {
+impl<E: OutboxEvent, C: Send + 'static, H: Handler<E, C>> Dispatch<C> for Typed<E, H> {
     fn event_type(&self) -> &'static str {
         E::EVENT_TYPE
     }
@@ -281,7 +285,7 @@ impl<E: OutboxEvent, H: Handler<E>> Dispatch for Typed<E, H> {
         &'a self,
         decoded: Decoded,
         meta: EventMeta,
-        tx: &'a mut PgConnection,
+        tx: &'a mut C,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         match decoded.downcast::<E>() {
             Ok(event) => Box::pin(self.handler.handle(

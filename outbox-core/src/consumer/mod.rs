@@ -52,52 +52,56 @@ mod replay;
 mod runner;
 mod source;
 mod stats;
+pub mod store;
 mod strict;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use sqlx::PgPool;
-
 pub use builder::{BuildError, BuildErrors, ConsumerBuilder};
 pub use config::{ConsumerConfig, Ordering, RetryPolicy, StrictStart};
 pub use handler::{EventMeta, Handler, HandlerError, Received, idempotency_key};
 pub use incoming::{Incoming, Outcome};
 pub use process::ConsumerError;
+pub(crate) use process::SWALLOWED;
 pub use replay::{ReplayError, ReplayOutcome, ReplayReport};
 pub use runner::ConsumerTask;
 pub use source::{
     ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, ChannelStatsHandle, Delivery,
     MessageSource, SourceError, channel,
 };
+pub use store::{ConsumerStore, StoreConnection};
 pub use strict::SweepReport;
 
 pub use config::validate_name as validate_consumer_name;
 
 use crate::registry::ContractRegistry;
-use crate::store::SchemaName;
-use crate::store::consumer::ConsumerSql;
+use crate::store::PgConsumerStore;
 use handler::Dispatch;
 
 /// A built consumer. Cheap to clone; every clone shares the handlers.
 /// Run it with [`Consumer::spawn`] on a [`MessageSource`], or feed it
 /// messages yourself with [`Consumer::handle`] / [`Consumer::handle_batch`].
-#[derive(Clone)]
-pub struct Consumer {
-    inner: Arc<Inner>,
+///
+/// `S` is the store it keeps its inbox, positions and letters in: the
+/// PostgreSQL store unless built with [`ConsumerBuilder::build_on`].
+pub struct Consumer<S: ConsumerStore = PgConsumerStore> {
+    inner: Arc<Inner<S>>,
 }
 
-pub(crate) struct Inner {
+impl<S: ConsumerStore> Clone for Consumer<S> {
+    fn clone(&self) -> Self {
+        Consumer {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+pub(crate) struct Inner<S: ConsumerStore> {
     pub(crate) name: Arc<str>,
-    pub(crate) pool: PgPool,
-    pub(crate) schema: SchemaName,
-    pub(crate) sql: ConsumerSql,
-    /// `BEGIN` with the statement timeout of the handler timeout.
-    pub(crate) begin_sql: String,
-    /// As `begin_sql`, opening a batch's generic-plan window.
-    pub(crate) begin_batch_sql: String,
-    pub(crate) handlers: HashMap<&'static str, Box<dyn Dispatch>>,
+    pub(crate) store: S,
+    pub(crate) handlers: HashMap<&'static str, Box<dyn Dispatch<StoreConnection<S>>>>,
     pub(crate) ignored: BTreeSet<String>,
     /// The aggregate types of its handlers and ignored types: events of
     /// any other aggregate type are foreign to it.
@@ -113,18 +117,18 @@ pub(crate) struct Inner {
     pub(crate) tally: stats::Tally,
 }
 
-impl fmt::Debug for Consumer {
+impl<S: ConsumerStore> fmt::Debug for Consumer<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Consumer")
             .field("name", &self.inner.name)
-            .field("schema", &self.inner.schema)
+            .field("store", &std::any::type_name::<S>())
             .field("event_types", &self.event_types())
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
 }
 
-impl Consumer {
+impl<S: ConsumerStore> Consumer<S> {
     /// The consumer's name.
     pub fn name(&self) -> &str {
         &self.inner.name

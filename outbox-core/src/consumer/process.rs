@@ -14,7 +14,6 @@ use std::time::Instant;
 
 use chrono::Utc;
 use futures_util::FutureExt;
-use sqlx::PgConnection;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -22,9 +21,10 @@ use super::Consumer;
 use super::config::Ordering;
 use super::handler::{Decoded, Dispatch, EventMeta, HandlerError};
 use super::incoming::{Incoming, Outcome};
+use super::store::{ConsumerStore, StoreConnection};
+use super::store::{Letter, LetterKind, Position, StrictClaim};
 use crate::envelope::Envelope;
 use crate::metrics as m;
-use crate::store::consumer::{Letter, LetterKind, Position, StrictClaim};
 use crate::trace::{self, TraceParent};
 
 /// The consumer could not reach its database; the message was not
@@ -41,11 +41,15 @@ pub struct ConsumerError {
     pub source: sqlx::Error,
 }
 
+/// The error of a handler that returned `Ok` after a statement of its
+/// transaction failed.
+pub(crate) const SWALLOWED: &str = "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back";
+
 /// A message read and matched with its handler, or why it cannot be.
-pub(super) enum Prepared<'a> {
+pub(super) enum Prepared<'a, C> {
     Ready {
         envelope: Envelope,
-        dispatch: &'a dyn Dispatch,
+        dispatch: &'a dyn Dispatch<C>,
         decoded: Decoded,
     },
     Unreadable {
@@ -93,11 +97,7 @@ pub(super) fn strict_gate(position: &Position, version: i64) -> Gate {
     }
 }
 
-/// The error of a handler that returned `Ok` after a statement of its
-/// transaction failed.
-const SWALLOWED: &str = "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back";
-
-impl Consumer {
+impl<S: ConsumerStore> Consumer<S> {
     pub(super) fn db_error(
         &self,
         doing: &'static str,
@@ -109,50 +109,34 @@ impl Consumer {
         }
     }
 
-    /// Begins a transaction whose statements PostgreSQL cancels after the
-    /// handler timeout (same round trip as BEGIN): a handler cut off by its
-    /// timeout does not leave a statement running, holding locks, while
-    /// the rollback waits for it.
-    pub(super) async fn begin(
-        &self,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ConsumerError> {
-        self.begin_using(&self.inner.begin_sql).await
+    /// Begins a message's transaction (statements cut off after the
+    /// handler timeout where the store can).
+    pub(super) async fn begin(&self) -> Result<sqlx::Transaction<'static, S::Db>, ConsumerError> {
+        self.inner
+            .store
+            .begin(self.inner.config.retry.handler_timeout)
+            .await
+            .map_err(self.db_error("beginning a transaction"))
     }
 
-    /// Begins a batch's transaction as [`begin`](Self::begin) does, with
-    /// generic plans for the batch's own statements until its settlement
-    /// (which restores the session's setting before any handler runs).
-    /// Their array parameters made PostgreSQL plan them anew on every
-    /// batch (0.3 ms of a 1 ms statement); the handlers' statements are
-    /// planned as the session plans them.
+    /// Begins a batch's transaction as [`begin`](Self::begin) does.
     pub(super) async fn begin_batch(
         &self,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ConsumerError> {
-        self.begin_using(&self.inner.begin_batch_sql).await
+    ) -> Result<sqlx::Transaction<'static, S::Db>, ConsumerError> {
+        self.inner
+            .store
+            .begin_batch(self.inner.config.retry.handler_timeout)
+            .await
+            .map_err(self.db_error("beginning a transaction"))
     }
 
-    /// A connection of the consumer's pool, outside any transaction.
-    pub(super) async fn acquire(
-        &self,
-    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, ConsumerError> {
+    /// A connection of the consumer's store, outside any transaction.
+    pub(super) async fn acquire(&self) -> Result<sqlx::pool::PoolConnection<S::Db>, ConsumerError> {
         self.inner
-            .pool
+            .store
             .acquire()
             .await
             .map_err(self.db_error("acquiring a connection"))
-    }
-
-    /// Begins a transaction with `sql` (a `BEGIN` and its `SET LOCAL`s,
-    /// built from validated settings when the consumer was built).
-    async fn begin_using(
-        &self,
-        sql: &str,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ConsumerError> {
-        self.inner
-            .pool
-            .begin_with(sqlx::AssertSqlSafe(sql.to_owned()))
-            .await
-            .map_err(self.db_error("beginning a transaction"))
     }
 
     /// Processes one message in its own transaction and says whether to
@@ -187,7 +171,7 @@ impl Consumer {
     }
 
     /// Reads the envelope, finds the handler, decodes and upcasts.
-    pub(super) fn prepare<'a>(&'a self, incoming: &Incoming) -> Prepared<'a> {
+    pub(super) fn prepare<'a>(&'a self, incoming: &Incoming) -> Prepared<'a, StoreConnection<S>> {
         if let Some(problem) = incoming.problem() {
             return Prepared::Unreadable {
                 envelope: None,
@@ -285,7 +269,7 @@ impl Consumer {
             && self.tracks(envelope)
         {
             self.inner
-                .sql
+                .store
                 .pin_first(
                     &mut tx,
                     &self.inner.name,
@@ -325,7 +309,7 @@ impl Consumer {
         &self,
         incoming: &Incoming,
         envelope: Envelope,
-        dispatch: &dyn Dispatch,
+        dispatch: &dyn Dispatch<StoreConnection<S>>,
         decoded: Decoded,
     ) -> Result<Outcome, ConsumerError> {
         self.pin_first_starts([&envelope]).await?;
@@ -440,7 +424,7 @@ impl Consumer {
     ) -> Result<(), ConsumerError> {
         let mut conn = self.acquire().await?;
         self.inner
-            .sql
+            .store
             .note_retry(&mut conn, &self.inner.name, envelope, delay)
             .await
             .map_err(self.db_error("recording a retry"))
@@ -471,7 +455,7 @@ impl Consumer {
         firsts.dedup();
         let mut conn = self.acquire().await?;
         self.inner
-            .sql
+            .store
             .pin_first(&mut conn, &self.inner.name, &firsts)
             .await
             .map_err(self.db_error("fixing an aggregate's start before its first handler"))
@@ -483,10 +467,10 @@ impl Consumer {
     /// its successor waits parked).
     async fn claim_and_gate(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         envelope: &Envelope,
     ) -> Result<Option<(Gate, Option<bool>)>, ConsumerError> {
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         let name = &*self.inner.name;
         match self.inner.config.ordering {
             Ordering::Unordered => Ok(self
@@ -527,18 +511,30 @@ impl Consumer {
     /// one. Returns whether a successor waits parked.
     pub(super) async fn after_handler(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         envelope: &Envelope,
         moved: Option<bool>,
     ) -> Result<Result<bool, HandlerError>, ConsumerError> {
         let settle = match moved {
             Some(successor_parked) => {
-                return Ok(transaction_intact(tx).await.map(|()| successor_parked));
+                return Ok(self
+                    .inner
+                    .store
+                    .transaction_intact(tx)
+                    .await
+                    .map(|()| successor_parked));
             }
-            None if !self.is_strict() => return Ok(transaction_intact(tx).await.map(|()| false)),
+            None if !self.is_strict() => {
+                return Ok(self
+                    .inner
+                    .store
+                    .transaction_intact(tx)
+                    .await
+                    .map(|()| false));
+            }
             None => {
                 self.inner
-                    .sql
+                    .store
                     .settle_strict(tx, &self.inner.name, envelope)
                     .await
             }
@@ -601,7 +597,7 @@ impl Consumer {
         };
         let written = self
             .inner
-            .sql
+            .store
             .letter(&mut tx, &self.inner.name, &letter)
             .await
             .map_err(self.db_error("writing a dead letter"))?;
@@ -623,11 +619,11 @@ impl Consumer {
     /// turned into errors.
     pub(super) async fn run_handler(
         &self,
-        dispatch: &dyn Dispatch,
+        dispatch: &dyn Dispatch<StoreConnection<S>>,
         decoded: Decoded,
         envelope: &Envelope,
         attempt: u32,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
     ) -> Result<(), HandlerError> {
         let meta = EventMeta::new(envelope, attempt, &self.inner.name);
         let traceparent: Option<TraceParent> =
@@ -673,7 +669,7 @@ impl Consumer {
     fn redacted(
         &self,
         failure: HandlerError,
-        dispatch: &dyn Dispatch,
+        dispatch: &dyn Dispatch<StoreConnection<S>>,
         envelope: &Envelope,
     ) -> HandlerError {
         let raw: serde_json::Value =
@@ -694,7 +690,7 @@ impl Consumer {
     async fn count_start(&self, event_id: Uuid) -> Result<u32, ConsumerError> {
         let mut conn = self.acquire().await?;
         self.inner
-            .sql
+            .store
             .count_start(&mut conn, &self.inner.name, event_id)
             .await
             .map_err(self.db_error("counting a handler start"))
@@ -702,11 +698,11 @@ impl Consumer {
 
     async fn forget_starts(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         event_id: Uuid,
     ) -> Result<(), ConsumerError> {
         self.inner
-            .sql
+            .store
             .forget_starts(tx, &self.inner.name, event_id)
             .await
             .map_err(self.db_error("clearing a handler start count"))
@@ -718,11 +714,11 @@ impl Consumer {
 
     pub(super) async fn claim(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         event_id: Uuid,
     ) -> Result<bool, ConsumerError> {
         self.inner
-            .sql
+            .store
             .claim_one(tx, &self.inner.name, event_id)
             .await
             .map_err(self.db_error("recording the event in the inbox"))
@@ -733,10 +729,10 @@ impl Consumer {
     /// recorded in the inbox (replays, skipped types).
     pub(super) async fn gate(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         envelope: &Envelope,
     ) -> Result<Gate, ConsumerError> {
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         let name = &*self.inner.name;
         match self.inner.config.ordering {
             Ordering::Unordered => Ok(Gate::Go),
@@ -761,7 +757,7 @@ impl Consumer {
     /// applied already or has an open letter.
     pub(super) async fn write_letter(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         kind: LetterKind,
         incoming: &Incoming,
         envelope: Option<&Envelope>,
@@ -776,7 +772,7 @@ impl Consumer {
             attempts: incoming.attempt(),
         };
         self.inner
-            .sql
+            .store
             .letter(tx, &self.inner.name, &letter)
             .await
             .map_err(self.db_error("writing a quarantine or dead-letter row"))
@@ -822,21 +818,6 @@ pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         text.clone()
     } else {
         "a non-string panic payload".to_owned()
-    }
-}
-
-/// A handler that caught a statement error and returned `Ok` leaves the
-/// transaction failed; PostgreSQL would turn the COMMIT into a silent
-/// ROLLBACK and the message would be acknowledged without its effect. One
-/// trivial statement finds out (sqlx does not expose the server's
-/// transaction status).
-pub(super) async fn transaction_intact(tx: &mut PgConnection) -> Result<(), HandlerError> {
-    match sqlx::query("SELECT 1").execute(&mut *tx).await {
-        Ok(_) => Ok(()),
-        Err(error) if crate::store::has_sqlstate(&error, "25P02") => {
-            Err(HandlerError::retryable(SWALLOWED))
-        }
-        Err(error) => Err(HandlerError::retryable(error)),
     }
 }
 

@@ -16,9 +16,9 @@ use serde::Serialize;
 use super::Consumer;
 use super::incoming::{Incoming, Outcome};
 use super::process::{ConsumerError, Gate, Prepared};
+use super::store::{ConsumerStore, StoreConnection};
 use crate::audit::{RepairError, RepairRequest};
 use crate::metrics as m;
-use crate::store::audit::AuditSql;
 
 /// What a replay did with one letter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -133,18 +133,17 @@ pub enum ReplayError {
 /// A replay an operator asked for: its outcome goes to the request's
 /// audit row.
 struct Requested {
-    audit: AuditSql,
     audit_id: Option<i64>,
 }
 
-impl Consumer {
+impl<S: ConsumerStore> Consumer<S> {
     async fn claim_for_replay(
         &self,
-        tx: &mut sqlx::PgConnection,
+        tx: &mut StoreConnection<S>,
         event_id: uuid::Uuid,
     ) -> Result<bool, ConsumerError> {
         self.inner
-            .sql
+            .store
             .claim_replay(tx, &self.inner.name, event_id)
             .await
             .map_err(self.db_error("recording the event in the inbox"))
@@ -172,12 +171,12 @@ impl Consumer {
         if letter_ids.is_empty() {
             return Err(RepairError::NoIds.into());
         }
-        let audit = AuditSql::new(&self.inner.schema);
         let ids: Vec<String> = letter_ids.iter().map(i64::to_string).collect();
         let audit_id = {
             let mut conn = self.acquire().await?;
-            audit
-                .begin(
+            self.inner
+                .store
+                .audit_begin(
                     &mut conn,
                     request,
                     "consumer.replay",
@@ -215,8 +214,9 @@ impl Consumer {
                 .collect(),
         );
         let mut conn = self.acquire().await?;
-        audit
-            .finish(&mut conn, audit_id, &outcomes)
+        self.inner
+            .store
+            .audit_finish(&mut conn, audit_id, &outcomes)
             .await
             .map_err(self.db_error("completing the audit row"))?;
         Ok(ReplayReport { audit_id, letters })
@@ -231,7 +231,7 @@ impl Consumer {
     /// is not retried on its own. The consumer's task calls this every
     /// `sweep_interval`; returns how many ran.
     pub async fn run_requested_replays(&self) -> Result<usize, ConsumerError> {
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         let name = &*self.inner.name;
         let requested = {
             let mut conn = self.acquire().await?;
@@ -254,10 +254,7 @@ impl Consumer {
             let Some(audit_id) = taken else {
                 continue;
             };
-            let request = Requested {
-                audit: AuditSql::new(&self.inner.schema),
-                audit_id,
-            };
+            let request = Requested { audit_id };
             let outcome = self.replay_one(letter_id, Some(&request)).await?;
             ran += 1;
             metrics::counter!(
@@ -275,7 +272,7 @@ impl Consumer {
     /// the transaction that settles its letter.
     async fn settle_request(
         &self,
-        conn: &mut sqlx::PgConnection,
+        conn: &mut StoreConnection<S>,
         letter_id: i64,
         outcome: &ReplayOutcome,
         requested: Option<&Requested>,
@@ -292,9 +289,9 @@ impl Consumer {
                     serde_json::Value::from(chrono::Utc::now().to_rfc3339()),
                 );
             }
-            requested
-                .audit
-                .append(conn, audit_id, &serde_json::Value::Array(vec![entry]))
+            self.inner
+                .store
+                .audit_append(conn, audit_id, &serde_json::Value::Array(vec![entry]))
                 .await
                 .map_err(self.db_error("recording a replay outcome"))?;
         }
@@ -307,7 +304,7 @@ impl Consumer {
     /// the request's outcome.
     async fn replay_not_applied(
         &self,
-        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        tx: sqlx::Transaction<'static, S::Db>,
         letter_id: i64,
         why: &str,
         outcome: ReplayOutcome,
@@ -316,7 +313,7 @@ impl Consumer {
         let _ = tx.rollback().await;
         let mut tx = self.begin().await?;
         self.inner
-            .sql
+            .store
             .letter_replay_failed(&mut tx, &self.inner.name, letter_id, why)
             .await
             .map_err(self.db_error("recording a replay that applied nothing"))?;
@@ -333,7 +330,7 @@ impl Consumer {
         letter_id: i64,
         requested: Option<&Requested>,
     ) -> Result<ReplayOutcome, ConsumerError> {
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         let name = &*self.inner.name;
         let mut tx = self.begin().await?;
         let Some(stored) = sql

@@ -11,6 +11,7 @@ use super::Consumer;
 use super::config::Ordering;
 use super::incoming::{Incoming, Outcome};
 use super::source::{Delivery, MessageSource};
+use super::store::ConsumerStore;
 use crate::metrics as m;
 use crate::relay::DrainTimeout;
 
@@ -32,12 +33,12 @@ impl Drop for ConsumerTask {
     }
 }
 
-impl Consumer {
+impl<S: ConsumerStore> Consumer<S> {
     /// Runs the consumer on `source` until [`ConsumerTask::stop`] or until
     /// the source closes. Spawn several (on the same durable JetStream
     /// consumer, for instance) for parallelism: the inbox and the
     /// positions keep them safe against each other.
-    pub fn spawn<S: MessageSource>(&self, source: S) -> ConsumerTask {
+    pub fn spawn<Src: MessageSource>(&self, source: Src) -> ConsumerTask {
         let (shutdown, receiver) = watch::channel(false);
         let task = tokio::spawn(run(self.clone(), source, receiver));
         ConsumerTask {
@@ -85,9 +86,9 @@ impl ConsumerTask {
     }
 }
 
-async fn run<S: MessageSource>(
-    consumer: Consumer,
-    mut source: S,
+async fn run<S: ConsumerStore, Src: MessageSource>(
+    consumer: Consumer<S>,
+    mut source: Src,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let config = consumer.config().clone();
@@ -147,7 +148,11 @@ async fn run<S: MessageSource>(
 /// Processes a batch and settles every delivery: acknowledged after the
 /// commit (all of a batch's acknowledgements at once), redelivered later
 /// on a retry or when the database failed.
-async fn settle<D: Delivery>(consumer: &Consumer, batch: Vec<D>, error_backoff: Duration) {
+async fn settle<S: ConsumerStore, D: Delivery>(
+    consumer: &Consumer<S>,
+    batch: Vec<D>,
+    error_backoff: Duration,
+) {
     let refs: Vec<&Incoming> = batch.iter().map(Delivery::incoming).collect();
     let result = consumer.handle_refs(&refs).await;
     match result {

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use chrono::{DateTime, Utc};
 
+use super::store::ConsumerStore;
 use super::{Consumer, ConsumerError};
 
 /// Counts gathered in memory between flushes.
@@ -65,7 +66,7 @@ struct Taken {
     last: Option<(DateTime<Utc>, f64)>,
 }
 
-impl Consumer {
+impl<S: ConsumerStore> Consumer<S> {
     /// Writes the counts gathered since the last flush (applied,
     /// duplicates, the lag of the last applied event) to
     /// `outbox_consumer_stats`, where `outbox status` shows them. The task
@@ -83,9 +84,8 @@ impl Consumer {
         };
         let result = self
             .inner
-            .sql
+            .store
             .flush_stats(
-                &self.inner.pool,
                 &self.inner.name,
                 i64::try_from(taken.applied).unwrap_or(i64::MAX),
                 i64::try_from(taken.duplicates).unwrap_or(i64::MAX),

@@ -10,15 +10,14 @@
 
 use std::time::Duration;
 
-use sqlx::PgConnection;
-
 use super::Consumer;
 use super::config::{Ordering, StrictStart};
 use super::incoming::{Incoming, Outcome};
-use super::process::{ConsumerError, Gate, Prepared, transaction_intact};
+use super::process::{ConsumerError, Gate, Prepared};
+use super::store::{ConsumerStore, StoreConnection};
+use super::store::{ExpiredAggregate, LetterKind};
 use crate::envelope::Envelope;
 use crate::metrics as m;
-use crate::store::consumer::LetterKind;
 
 /// How long a parked message whose start was counted belongs to the
 /// instance that counted it. Other instances' sweeps do not start it again
@@ -42,14 +41,14 @@ pub struct SweepReport {
     pub dead_lettered: u64,
 }
 
-impl Consumer {
+impl<S: ConsumerStore> Consumer<S> {
     pub(super) async fn set_position(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         envelope: &Envelope,
     ) -> Result<(), ConsumerError> {
         self.inner
-            .sql
+            .store
             .set_position(tx, &self.inner.name, envelope)
             .await
             .map_err(self.db_error("setting the aggregate position"))
@@ -57,11 +56,11 @@ impl Consumer {
 
     pub(super) async fn park(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         envelope: &Envelope,
     ) -> Result<(), ConsumerError> {
         self.inner
-            .sql
+            .store
             .park(tx, &self.inner.name, envelope)
             .await
             .map_err(self.db_error("parking a message"))
@@ -78,7 +77,7 @@ impl Consumer {
     /// transaction, until the next one is missing, waits for its backoff,
     /// or fails.
     async fn drain(&self, aggregate_type: &str, aggregate_id: &str) -> Result<u64, ConsumerError> {
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         let name = &*self.inner.name;
         let aggregate = (aggregate_type, aggregate_id);
         let mut applied = 0;
@@ -154,7 +153,7 @@ impl Consumer {
                         .run_handler(dispatch, decoded, &envelope, incoming.attempt(), &mut tx)
                         .await
                     {
-                        Ok(()) => transaction_intact(&mut tx).await,
+                        Ok(()) => self.inner.store.transaction_intact(&mut tx).await,
                         failed => failed,
                     }
                 }
@@ -229,13 +228,13 @@ impl Consumer {
     /// inbox row goes: it was not applied), commits, and counts it.
     async fn settle_parked(
         &self,
-        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        mut tx: sqlx::Transaction<'static, S::Db>,
         kind: LetterKind,
         incoming: &Incoming,
         envelope: &Envelope,
         reason: String,
     ) -> Result<(), ConsumerError> {
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         sql.unpark(&mut tx, &self.inner.name, envelope.id)
             .await
             .map_err(self.db_error("removing a parked message"))?;
@@ -267,7 +266,7 @@ impl Consumer {
         let Ordering::Strict { park_timeout } = self.inner.config.ordering else {
             return Ok(SweepReport::default());
         };
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         let name = &*self.inner.name;
         let mut report = SweepReport::default();
         let (ready, expired) = {
@@ -290,7 +289,12 @@ impl Consumer {
                 }
             }
         }
-        for (aggregate_type, aggregate_id, _, _) in expired {
+        for ExpiredAggregate {
+            aggregate_type,
+            aggregate_id,
+            ..
+        } in expired
+        {
             match self
                 .expire(&aggregate_type, &aggregate_id, park_timeout)
                 .await
@@ -323,7 +327,7 @@ impl Consumer {
         aggregate_id: &str,
         park_timeout: std::time::Duration,
     ) -> Result<Expired, ConsumerError> {
-        let sql = &self.inner.sql;
+        let sql = &self.inner.store;
         let name = &*self.inner.name;
         let aggregate = (aggregate_type, aggregate_id);
         let mut tx = self.begin().await?;
@@ -442,7 +446,7 @@ impl Consumer {
     /// moves the position (`Ignored`).
     pub(super) async fn pass_skipped(
         &self,
-        tx: &mut PgConnection,
+        tx: &mut StoreConnection<S>,
         envelope: &Envelope,
     ) -> Result<Outcome, ConsumerError> {
         Ok(match self.gate(tx, envelope).await? {

@@ -4,7 +4,7 @@
 
 pub(crate) mod audit;
 pub mod columns;
-pub(crate) mod consumer;
+mod consumer;
 mod migrate;
 pub(crate) mod ops;
 mod relay;
@@ -12,6 +12,7 @@ mod schema;
 mod session;
 pub(crate) mod sql;
 
+pub use consumer::PgConsumerStore;
 pub use migrate::{MigrateError, migrate, migrations, migrator};
 pub use relay::{
     ClaimPlan, ClaimVariant, DEFAULT_LEASE, DEFAULT_REBALANCE_INTERVAL, DEFAULT_STATEMENT_TIMEOUT,
