@@ -17,7 +17,8 @@
 //! commands run through [`outbox_core::ops::OperationsStore`] unchanged
 //! (`status`, `failed`, `events`, `blocked`, `audit`, `cleanup`,
 //! `migrate`); the consumer's (`quarantine`, `dead-letters`, `positions`)
-//! exit 2 with the reason: those stores keep no consumer tables yet.
+//! exit 2 with the reason: SQLite keeps the consumer's tables but its
+//! operations API does not read them yet, MySQL keeps none.
 //!
 //! The tool shows payloads through the contracts linked into it: fields
 //! marked `#[outbox(redact)]` are masked, and event types it has no
@@ -257,7 +258,7 @@ pub(crate) async fn relay_command<O: OperationsStore>(
             cleanup(ops, out, &plan, &who).await
         }
         Command::Quarantine { .. } | Command::DeadLetters { .. } | Command::Positions { .. } => {
-            Err("quarantine, dead letters and positions are a consumer's tables, which this store does not keep (the SQLite and MySQL stores have the relay's side only so far): run consumers on PostgreSQL".to_owned())
+            Err("quarantine, dead letters and positions are a consumer's tables, which this tool reads on PostgreSQL only so far (the SQLite store keeps them, but its operations API does not read them yet; the MySQL store keeps none): on SQLite, query outbox_dead_letters and outbox_consumer_positions in the file directly".to_owned())
         }
         Command::Migrate | Command::Registry { .. } | Command::Console(_) => Ok(EXIT_OK),
     }

@@ -19,7 +19,8 @@ pub(crate) fn is_sqlite_url(url: &str) -> bool {
 /// The commands on a SQLite outbox: `migrate` creates the file and its
 /// tables; every other command needs a migrated file (a mistyped path is
 /// an error, not a new empty database). The consumer's commands are
-/// refused: the SQLite store keeps no consumer tables yet.
+/// refused: the SQLite store keeps the consumer's tables, but its
+/// operations API does not read them yet.
 pub(crate) async fn sqlite(
     url: &str,
     command: Command,

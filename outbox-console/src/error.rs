@@ -21,8 +21,11 @@ pub enum ConsoleError {
     /// CSRF token, a POST from another site).
     #[error("forbidden: {0}")]
     Forbidden(String),
-    /// The store keeps no consumer tables (SQLite and MySQL do not yet).
-    #[error("this store keeps no consumer tables: letters and replays exist on PostgreSQL only")]
+    /// The console cannot read this store's letters: SQLite keeps them
+    /// but its operations API does not read them yet; MySQL keeps none.
+    #[error(
+        "the console reads letters and replays on PostgreSQL only so far (the SQLite store keeps them, but its operations API does not read them yet; the MySQL store keeps no consumer tables)"
+    )]
     NoConsumerTables,
 }
 

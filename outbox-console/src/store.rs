@@ -1,8 +1,8 @@
 //! What the console needs of a store: the relay side of the operations
-//! seam ([`OperationsStore`]) and, where the store keeps consumer tables,
-//! the consumer's letters. PostgreSQL ([`Ops`]) keeps them; SQLite and
-//! MySQL do not yet, and their consoles say so instead of showing empty
-//! lists.
+//! seam ([`OperationsStore`]) and, where the store's operations API reads
+//! them, the consumer's letters. PostgreSQL ([`Ops`]) does; SQLite (which
+//! keeps the tables) and MySQL (which keeps none) do not yet, and their
+//! consoles say so instead of showing empty lists.
 
 use std::future::Future;
 
@@ -15,8 +15,8 @@ use crate::ConsoleError;
 
 /// A store the console can serve. Cheap to clone (a pool inside).
 pub trait ConsoleStore: OperationsStore + Clone + Send + Sync + 'static {
-    /// Whether this store keeps consumer tables (letters, replays). When
-    /// false the letter methods are never called.
+    /// Whether the console can read this store's consumer tables
+    /// (letters, replays). When false the letter methods are never called.
     fn keeps_letters(&self) -> bool;
 
     /// A consumer's letters, filtered, oldest first.
@@ -85,7 +85,8 @@ impl ConsoleStore for Ops {
     }
 }
 
-/// Implements [`ConsoleStore`] for a store without consumer tables.
+/// Implements [`ConsoleStore`] for a store whose letters the console
+/// cannot read.
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 macro_rules! without_letters {
     ($ops:ty) => {

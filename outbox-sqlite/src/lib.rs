@@ -47,10 +47,20 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What is not here yet: the consumer's inbox, ordering and letters run on
-//! PostgreSQL only (`outbox-core`); see the README's SQLite section.
+//! - [`SqliteConsumerStore`] is the consumer's store seam
+//!   ([`outbox_core::consumer::store::ConsumerStore`]): the inbox, the
+//!   ordering policies' positions and parked messages, quarantine, dead
+//!   letters, replays and counts, each consumer transaction in `BEGIN
+//!   IMMEDIATE`. Handlers receive `&mut SqliteConnection`; build the
+//!   consumer with `ConsumerBuilder::for_connection(name) …
+//!   .build_on(SqliteConsumerStore::new(pool))`.
+//!
+//! What is not here yet: the operations API and the CLI read the relay's
+//! side only (not letters, positions or replay requests); see the README's
+//! SQLite section.
 
 mod connect;
+mod consumer;
 mod emit;
 mod migrate;
 mod ops;
@@ -58,6 +68,7 @@ mod relay;
 mod wakeup;
 
 pub use connect::{DEFAULT_BUSY_TIMEOUT, connect, connect_options};
+pub use consumer::SqliteConsumerStore;
 pub use emit::SqliteOutbox;
 pub use migrate::{MigrateError, SCHEMA_VERSION, migrate};
 pub use ops::SqliteOps;

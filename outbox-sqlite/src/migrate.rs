@@ -10,7 +10,7 @@
 use sqlx::{Connection, SqlitePool};
 
 /// The schema version this crate writes and reads.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Migrating failed.
 #[derive(Debug, thiserror::Error)]
@@ -107,7 +107,102 @@ const MIGRATION_2: &str = "
 CREATE INDEX outbox_events_skipped ON outbox_events (seq) WHERE status = 'skipped';
 ";
 
-const MIGRATIONS: [&str; 2] = [MIGRATION_1, MIGRATION_2];
+/// Migration 3: the consumer side (the inbox, handler starts, strict
+/// positions and parked messages, quarantine and dead letters, counts), as
+/// on PostgreSQL; times in milliseconds, ids as UUID text, JSON as text.
+const MIGRATION_3: &str = "
+CREATE TABLE outbox_processed_events (
+    consumer_name TEXT    NOT NULL,
+    event_id      TEXT    NOT NULL,
+    processed_at  INTEGER NOT NULL,
+    PRIMARY KEY (consumer_name, event_id)
+) WITHOUT ROWID;
+
+CREATE TABLE outbox_consumer_attempts (
+    consumer_name     TEXT    NOT NULL,
+    event_id          TEXT    NOT NULL,
+    starts            INTEGER NOT NULL,
+    aggregate_type    TEXT,
+    aggregate_id      TEXT,
+    aggregate_version INTEGER,
+    retry_at          INTEGER,
+    updated_at        INTEGER NOT NULL,
+    PRIMARY KEY (consumer_name, event_id)
+) WITHOUT ROWID;
+CREATE INDEX outbox_consumer_attempts_aggregate
+    ON outbox_consumer_attempts (consumer_name, aggregate_type, aggregate_id, aggregate_version)
+    WHERE aggregate_type IS NOT NULL;
+
+CREATE TABLE outbox_consumer_positions (
+    consumer_name  TEXT    NOT NULL,
+    aggregate_type TEXT    NOT NULL,
+    aggregate_id   TEXT    NOT NULL,
+    version        INTEGER NOT NULL,
+    pinned         INTEGER NOT NULL DEFAULT 1,
+    start_version  INTEGER,
+    updated_at     INTEGER NOT NULL,
+    PRIMARY KEY (consumer_name, aggregate_type, aggregate_id)
+) WITHOUT ROWID;
+
+CREATE TABLE outbox_consumer_parked (
+    consumer_name     TEXT    NOT NULL,
+    event_id          TEXT    NOT NULL,
+    aggregate_type    TEXT    NOT NULL,
+    aggregate_id      TEXT    NOT NULL,
+    aggregate_version INTEGER NOT NULL,
+    envelope          TEXT    NOT NULL,
+    parked_at         INTEGER NOT NULL,
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    last_error        TEXT,
+    retry_at          INTEGER,
+    PRIMARY KEY (consumer_name, event_id)
+) WITHOUT ROWID;
+CREATE INDEX outbox_consumer_parked_aggregate
+    ON outbox_consumer_parked (consumer_name, aggregate_type, aggregate_id, aggregate_version);
+
+CREATE TABLE outbox_dead_letters (
+    id                  INTEGER PRIMARY KEY AUTOINCREMENT,
+    consumer_name       TEXT    NOT NULL,
+    kind                TEXT    NOT NULL CHECK (kind IN ('quarantined', 'dead_lettered')),
+    event_id            TEXT,
+    event_type          TEXT,
+    schema_version      INTEGER,
+    aggregate_type      TEXT,
+    aggregate_id        TEXT,
+    aggregate_version   INTEGER,
+    headers             TEXT    NOT NULL DEFAULT '{}',
+    payload             BLOB    NOT NULL,
+    reason              TEXT    NOT NULL,
+    attempts            INTEGER NOT NULL DEFAULT 0,
+    created_at          INTEGER NOT NULL,
+    resolved_at         INTEGER,
+    resolution          TEXT,
+    replays             INTEGER NOT NULL DEFAULT 0,
+    last_replay_error   TEXT,
+    replay_requested_at INTEGER,
+    replay_audit_id     INTEGER
+);
+CREATE UNIQUE INDEX outbox_dead_letters_open_event
+    ON outbox_dead_letters (consumer_name, event_id)
+    WHERE resolved_at IS NULL AND event_id IS NOT NULL;
+CREATE INDEX outbox_dead_letters_open_aggregate
+    ON outbox_dead_letters (consumer_name, aggregate_type, aggregate_id, aggregate_version)
+    WHERE resolved_at IS NULL;
+CREATE INDEX outbox_dead_letters_replay
+    ON outbox_dead_letters (consumer_name, id)
+    WHERE replay_requested_at IS NOT NULL AND resolved_at IS NULL;
+
+CREATE TABLE outbox_consumer_stats (
+    consumer_name   TEXT    PRIMARY KEY,
+    applied         INTEGER NOT NULL DEFAULT 0,
+    duplicates      INTEGER NOT NULL DEFAULT 0,
+    last_applied_at INTEGER,
+    lag_seconds     REAL,
+    updated_at      INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+const MIGRATIONS: [&str; 3] = [MIGRATION_1, MIGRATION_2, MIGRATION_3];
 
 /// Creates or upgrades the outbox tables in the database of `pool`. Safe to
 /// call from several processes at once and on every start.

@@ -232,9 +232,12 @@ async fn the_tool_names_a_file_of_an_older_or_newer_schema() {
         assert!(text(&refused).contains(says), "{}", text(&refused));
     }
     // At this release's version again, the tool reads it.
-    sqlx::raw_sql("PRAGMA user_version = 2")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PRAGMA user_version = {}",
+        outbox_sqlite::SCHEMA_VERSION
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
     json(&url, &["status"], 0);
 }

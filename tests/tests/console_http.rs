@@ -863,7 +863,9 @@ async fn a_sqlite_outbox_is_served_and_says_it_keeps_no_letters() {
         .await
         .expect(StatusCode::NOT_FOUND);
     assert!(
-        letters.body.contains("keeps no consumer tables"),
+        letters
+            .body
+            .contains("reads letters and replays on PostgreSQL only"),
         "{}",
         letters.body
     );

@@ -407,27 +407,17 @@ impl<S: ConsumerStore> Consumer<S> {
                 let retried = !error.is_permanent() && start < max_attempts;
                 if retried && self.tracks(&envelope) {
                     let delay = self.inner.config.retry.backoff.delay(start);
-                    self.note_retry(&envelope, delay).await?;
+                    self.inner
+                        .store
+                        .roll_back_for_retry(tx, &self.inner.name, &envelope, delay)
+                        .await
+                        .map_err(self.db_error("recording a retry"))?;
+                } else {
+                    let _ = tx.rollback().await;
                 }
-                let _ = tx.rollback().await;
                 self.after_failure(incoming, &envelope, start, error).await
             }
         }
-    }
-
-    /// Strict: records that `envelope` comes back after `delay` (its own
-    /// committed statement).
-    async fn note_retry(
-        &self,
-        envelope: &Envelope,
-        delay: std::time::Duration,
-    ) -> Result<(), ConsumerError> {
-        let mut conn = self.acquire().await?;
-        self.inner
-            .store
-            .note_retry(&mut conn, &self.inner.name, envelope, delay)
-            .await
-            .map_err(self.db_error("recording a retry"))
     }
 
     /// Under strict ordering, fixes the start of the never-started

@@ -193,11 +193,19 @@ pub trait ConsumerStore: Send + Sync + 'static {
         event_id: Uuid,
     ) -> impl Future<Output = sqlx::Result<u32>> + Send;
 
-    /// Strict: records that `envelope`'s handler failed and the message
-    /// comes back after `retry_in`.
-    fn note_retry(
+    /// Strict: ends a failed handler start that will be retried. Rolls
+    /// `tx` back (the handler's effects, the inbox row, the position) and
+    /// records, durably, that `envelope`'s message comes back after
+    /// `retry_in`, so that a transaction that takes the aggregate's
+    /// position next (another instance's sweep) finds the predecessor on
+    /// its way and keeps the successors waiting for it. PostgreSQL commits
+    /// the record on a connection of its own before the rollback lets go of
+    /// the position lock; a single-writer store cannot write on a second
+    /// connection while `tx` holds the write lock, so it rolls back to the
+    /// start of the message and commits the record in `tx` instead.
+    fn roll_back_for_retry(
         &self,
-        conn: &mut StoreConnection<Self>,
+        tx: sqlx::Transaction<'static, Self::Db>,
         consumer: &str,
         envelope: &Envelope,
         retry_in: Duration,

@@ -737,15 +737,16 @@ impl ConsumerStore for PgConsumerStore {
         Ok(starts.max(1) as u32)
     }
 
-    /// Strict: records that `envelope`'s handler failed and the message
-    /// comes back after `retry_in`.
-    async fn note_retry(
+    /// Strict: commits the retry record on a connection of its own while
+    /// `tx` still holds the position, then rolls `tx` back.
+    async fn roll_back_for_retry(
         &self,
-        conn: &mut PgConnection,
+        tx: Transaction<'static, Postgres>,
         consumer: &str,
         envelope: &Envelope,
         retry_in: Duration,
     ) -> sqlx::Result<()> {
+        let mut conn = self.pool.acquire().await?;
         sqlx::query(AssertSqlSafe(self.sql.note_retry.as_str()))
             .bind(consumer)
             .bind(envelope.id)
@@ -753,8 +754,9 @@ impl ConsumerStore for PgConsumerStore {
             .bind(&envelope.aggregate_id)
             .bind(envelope.aggregate_version)
             .bind(retry_in.as_millis().min(i64::MAX as u128) as i64)
-            .execute(conn)
+            .execute(&mut *conn)
             .await?;
+        let _ = tx.rollback().await;
         Ok(())
     }
 

@@ -8,8 +8,8 @@
 //! as milliseconds and shown as UTC times.
 
 use outbox_core::ops::{
-    AuditRecord, Backlog, BlockedRecord, EventFilter, EventRecord, EventStatus, EventTypeBacklog,
-    OpsError, Page, Status, StatusOptions, page_limit, status_problems,
+    AuditRecord, Backlog, BlockedRecord, ConsumerStatus, EventFilter, EventRecord, EventStatus,
+    EventTypeBacklog, OpsError, Page, Status, StatusOptions, page_limit, status_problems,
 };
 use outbox_core::store::columns::age_seconds;
 use sqlx::Row;
@@ -77,6 +77,28 @@ FROM (
 )
 GROUP BY event_type ORDER BY event_type";
 
+/// Every consumer with flushed stats, parked messages or open letters:
+/// its parked and open letter counts and the figures its task flushes.
+const CONSUMERS: &str = "
+WITH names AS (
+    SELECT consumer_name FROM outbox_consumer_stats
+    UNION SELECT consumer_name FROM outbox_consumer_parked
+    UNION SELECT consumer_name FROM outbox_dead_letters WHERE resolved_at IS NULL
+)
+SELECT n.consumer_name,
+       (SELECT count(*) FROM outbox_consumer_parked k WHERE k.consumer_name = n.consumer_name) AS parked,
+       (SELECT min(parked_at) FROM outbox_consumer_parked k WHERE k.consumer_name = n.consumer_name) AS oldest_parked,
+       (SELECT count(*) FROM outbox_dead_letters d
+        WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL AND d.kind = 'quarantined') AS quarantined,
+       (SELECT count(*) FROM outbox_dead_letters d
+        WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL AND d.kind = 'dead_lettered') AS dead_lettered,
+       (SELECT count(*) FROM outbox_dead_letters d
+        WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL
+          AND d.replay_requested_at IS NOT NULL) AS replays_requested,
+       t.applied, t.duplicates, t.last_applied_at, t.lag_seconds, t.updated_at AS stats_at
+FROM names n LEFT JOIN outbox_consumer_stats t ON t.consumer_name = n.consumer_name
+ORDER BY n.consumer_name";
+
 /// Audit rows, newest first. Binds: before id, limit.
 const AUDIT: &str = "
 SELECT id, at, operator, reason, action, target, ids, outcomes FROM outbox_audit
@@ -85,8 +107,9 @@ WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2";
 impl SqliteOps {
     /// The outbox at a glance. `schema` is the database file; the figures
     /// only PostgreSQL has are empty (dead tuples 0, no relay workers or
-    /// partitions: SQLite relays lease rows), and there are no consumers
-    /// (the SQLite store keeps no consumer tables yet).
+    /// partitions: SQLite relays lease rows). Consumers on the file
+    /// ([`crate::SqliteConsumerStore`]) are listed with their parked
+    /// messages, open letters and flushed counts, as on PostgreSQL.
     pub async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {
         let live: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_events")
             .fetch_one(&self.pool)
@@ -117,7 +140,15 @@ impl SqliteOps {
             .map_err(database("reading counts per event type"))?;
         let backlog = Backlog::of(&event_types, age_seconds(oldest), 0, live);
         let blocked = self.blocked(options.blocked_limit).await?;
-        let problems = status_problems(&backlog, &blocked, &[], options);
+        let consumers = sqlx::query(CONSUMERS)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database("reading consumers"))?
+            .iter()
+            .map(consumer_status)
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(database("reading consumers"))?;
+        let problems = status_problems(&backlog, &blocked, &consumers, options);
         Ok(Status {
             schema: self
                 .pool
@@ -128,7 +159,7 @@ impl SqliteOps {
             backlog,
             event_types,
             blocked,
-            consumers: Vec::new(),
+            consumers,
             relay_workers: Vec::new(),
             partitions: 0,
             problems,
@@ -267,5 +298,21 @@ fn audit_record(row: &SqliteRow) -> Result<AuditRecord, sqlx::Error> {
             Some(text) => serde_json::from_str(&text).map_err(decode)?,
             None => serde_json::Value::Null,
         },
+    })
+}
+
+fn consumer_status(row: &SqliteRow) -> Result<ConsumerStatus, sqlx::Error> {
+    Ok(ConsumerStatus {
+        consumer: row.try_get("consumer_name")?,
+        parked: row.try_get("parked")?,
+        oldest_parked_age_seconds: age_seconds(row.try_get("oldest_parked")?),
+        quarantined: row.try_get("quarantined")?,
+        dead_lettered: row.try_get("dead_lettered")?,
+        replays_requested: row.try_get("replays_requested")?,
+        applied: row.try_get::<Option<i64>, _>("applied")?.unwrap_or(0),
+        duplicates: row.try_get::<Option<i64>, _>("duplicates")?.unwrap_or(0),
+        last_applied_at: optional_time_column(row, "last_applied_at")?,
+        lag_seconds: row.try_get("lag_seconds")?,
+        stats_at: optional_time_column(row, "stats_at")?,
     })
 }

@@ -1,0 +1,1295 @@
+//! The consumer's store on SQLite ([`SqliteConsumerStore`]): the inbox,
+//! handler starts, strict positions and parked messages, quarantine and
+//! dead letters, replay requests and counts, behind `outbox-core`'s
+//! [`ConsumerStore`] seam, so the consumer engine (ordering, parking, the
+//! sweep, retries, replays) runs unchanged on one file.
+//!
+//! **Exclusion.** Every consumer transaction starts with `BEGIN
+//! IMMEDIATE`: it holds SQLite's write lock from its first statement to
+//! its end, which gives what the PostgreSQL store gets from row locks
+//! (`FOR UPDATE`, `SKIP LOCKED`) for every row at once. Transactions of
+//! one file run one at a time (across processes too); a handler's
+//! transaction is as long as the handler, so keep handlers short. A
+//! savepoint taken right after `BEGIN` marks the start of the message: a
+//! failed start that will be retried rolls back to it and commits the
+//! retry record in the same transaction (a second connection could not
+//! write while the first holds the lock), and the same savepoint finds a
+//! transaction SQLite rolled back under a handler that swallowed the
+//! error.
+//!
+//! **Round trips** are calls into SQLite's worker thread, not network hops:
+//! where PostgreSQL needs one CTE, this store may run two short
+//! statements in the same transaction. Batches bind their rows as one JSON
+//! array (`json_each`), one statement per batch.
+//!
+//! SQLite cannot cut off a running statement by time: the handler timeout
+//! stops waiting for the handler, and the rollback follows when its
+//! statement returns.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_core::Envelope;
+use outbox_core::audit::RepairRequest;
+use outbox_core::consumer::HandlerError;
+use outbox_core::consumer::store::{
+    ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
+    StrictClaim,
+};
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use uuid::Uuid;
+
+use crate::{millis, now_ms};
+
+/// The statements that begin a consumer transaction: the write lock at
+/// once, and the savepoint that marks the start of the message.
+const BEGIN: &str = "BEGIN IMMEDIATE; SAVEPOINT outbox_message";
+
+/// Why a handler's `Ok` is not taken when SQLite ended its transaction.
+const ROLLED_BACK: &str = "the handler returned Ok, but SQLite had rolled its transaction back (a statement failed with an error that ends the transaction, and the handler went on); its effects were not committed";
+
+/// The consumer's store on a SQLite file: the [`ConsumerStore`] a consumer
+/// built with `ConsumerBuilder::for_connection(name) … .build_on(store)`
+/// runs on. Handlers receive `&mut SqliteConnection`. The tables come
+/// from [`crate::migrate`].
+#[derive(Debug, Clone)]
+pub struct SqliteConsumerStore {
+    pool: SqlitePool,
+}
+
+impl SqliteConsumerStore {
+    /// The consumer store of the file behind `pool` (opened with
+    /// [`crate::connect`], migrated with [`crate::migrate`]).
+    pub fn new(pool: SqlitePool) -> SqliteConsumerStore {
+        SqliteConsumerStore { pool }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+fn position_from_row(row: &SqliteRow) -> sqlx::Result<Position> {
+    Ok(Position {
+        version: row.try_get("version")?,
+        pinned: row.try_get("pinned")?,
+        start_version: row.try_get("start_version")?,
+    })
+}
+
+/// `[[type, id], …]` as JSON text, for `json_each`.
+fn pairs_json<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    serde_json::Value::Array(
+        pairs
+            .into_iter()
+            .map(|(t, i)| serde_json::json!([t, i]))
+            .collect(),
+    )
+    .to_string()
+}
+
+fn encode_error(error: serde_json::Error) -> sqlx::Error {
+    sqlx::Error::Encode(error.into())
+}
+
+fn uuid_text(text: &str) -> sqlx::Result<Uuid> {
+    text.parse()
+        .map_err(|error: uuid::Error| sqlx::Error::Decode(error.into()))
+}
+
+/// The attributes of a parked message moved to a letter, as its headers
+/// (the CloudEvents attributes it arrived with), and its payload bytes.
+fn moved_letter_parts(envelope_json: &str) -> (serde_json::Value, Vec<u8>, Option<Envelope>) {
+    let Ok(envelope) = serde_json::from_str::<Envelope>(envelope_json) else {
+        // Not readable as an envelope: keep the stored text whole.
+        return (
+            serde_json::json!({}),
+            envelope_json.as_bytes().to_vec(),
+            None,
+        );
+    };
+    let mut headers = serde_json::Map::new();
+    let mut put = |key: &str, value: String| {
+        headers.insert(key.to_owned(), serde_json::Value::String(value));
+    };
+    put("specversion", "1.0".into());
+    put("id", envelope.id.to_string());
+    put("type", envelope.event_type.clone());
+    put("schemaversion", envelope.schema_version.to_string());
+    put("aggregatetype", envelope.aggregate_type.clone());
+    put("aggregateid", envelope.aggregate_id.clone());
+    put("aggregateversion", envelope.aggregate_version.to_string());
+    put(
+        "time",
+        envelope
+            .occurred_at
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+    );
+    if let Some(traceparent) = &envelope.traceparent {
+        put("traceparent", traceparent.clone());
+    }
+    let payload = envelope.payload.get().as_bytes().to_vec();
+    (serde_json::Value::Object(headers), payload, Some(envelope))
+}
+
+impl SqliteConsumerStore {
+    /// Whether the aggregate's next version after `version` waits parked
+    /// and may start now.
+    async fn successor_parked(
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        version: i64,
+    ) -> sqlx::Result<bool> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (
+                SELECT 1 FROM outbox_consumer_parked
+                WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+                  AND aggregate_version = ?4 AND (retry_at IS NULL OR retry_at <= ?5))",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .bind(version + 1)
+        .bind(now_ms())
+        .fetch_one(conn)
+        .await
+    }
+
+    /// Moves the given parked messages of an aggregate to the dead letters
+    /// with `reason`: their inbox rows go (they were never applied, so a
+    /// replay can apply them once). Returns how many letters were written.
+    async fn letter_parked_rows(
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        reason: &str,
+    ) -> sqlx::Result<u64> {
+        let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
+            "DELETE FROM outbox_consumer_parked
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+             RETURNING event_id, envelope, aggregate_version, attempts",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut rows = rows;
+        rows.sort_by_key(|row| row.2);
+        let mut written = 0;
+        for (event_id, envelope_json, version, attempts) in rows {
+            sqlx::query(
+                "DELETE FROM outbox_processed_events WHERE consumer_name = ?1 AND event_id = ?2",
+            )
+            .bind(consumer)
+            .bind(&event_id)
+            .execute(&mut *conn)
+            .await?;
+            let (headers, payload, envelope) = moved_letter_parts(&envelope_json);
+            let done = sqlx::query(
+                "INSERT INTO outbox_dead_letters
+                    (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
+                     aggregate_id, aggregate_version, headers, payload, reason, attempts, created_at)
+                 VALUES (?1, 'dead_lettered', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(consumer)
+            .bind(&event_id)
+            .bind(envelope.as_ref().map(|e| e.event_type.as_str()))
+            .bind(envelope.as_ref().map(|e| i64::from(e.schema_version)))
+            .bind(aggregate.0)
+            .bind(aggregate.1)
+            .bind(version)
+            .bind(headers.to_string())
+            .bind(payload)
+            .bind(reason)
+            .bind(attempts)
+            .bind(now_ms())
+            .execute(&mut *conn)
+            .await?;
+            written += done.rows_affected();
+        }
+        Ok(written)
+    }
+}
+
+impl ConsumerStore for SqliteConsumerStore {
+    type Db = Sqlite;
+
+    /// `BEGIN IMMEDIATE` and the message's savepoint. The handler timeout
+    /// cannot cut off a SQLite statement (see the module notes).
+    async fn begin(
+        &self,
+        _handler_timeout: Duration,
+    ) -> sqlx::Result<Transaction<'static, Sqlite>> {
+        self.pool.begin_with(BEGIN).await
+    }
+
+    async fn begin_batch(
+        &self,
+        _handler_timeout: Duration,
+    ) -> sqlx::Result<Transaction<'static, Sqlite>> {
+        self.pool.begin_with(BEGIN).await
+    }
+
+    async fn acquire(&self) -> sqlx::Result<PoolConnection<Sqlite>> {
+        self.pool.acquire().await
+    }
+
+    /// The message's savepoint is still there only if SQLite did not roll
+    /// the transaction back under the handler; it is taken anew for the
+    /// next handler of a batch. When the transaction is gone, an empty one
+    /// is opened in its place: sqlx still counts the connection as inside
+    /// a transaction, and its rollback (or a retry record written after
+    /// the savepoint) needs one, or the connection would go back to the
+    /// pool unable to begin again.
+    async fn transaction_intact(&self, conn: &mut SqliteConnection) -> Result<(), HandlerError> {
+        match sqlx::raw_sql("RELEASE outbox_message; SAVEPOINT outbox_message")
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) if error.to_string().contains("no such savepoint") => {
+                if let Err(error) = sqlx::raw_sql(BEGIN).execute(&mut *conn).await {
+                    tracing::warn!(%error, "cannot reopen a transaction SQLite ended under a handler");
+                }
+                Err(HandlerError::retryable(ROLLED_BACK))
+            }
+            Err(error) => Err(HandlerError::retryable(error)),
+        }
+    }
+
+    async fn count_start(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<u32> {
+        let starts: i64 = sqlx::query_scalar(
+            "INSERT INTO outbox_consumer_attempts (consumer_name, event_id, starts, updated_at)
+             VALUES (?1, ?2, 2, ?3)
+             ON CONFLICT (consumer_name, event_id)
+             DO UPDATE SET starts = starts + 1, updated_at = excluded.updated_at
+             RETURNING starts",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .bind(now_ms())
+        .fetch_one(conn)
+        .await?;
+        Ok(starts.clamp(1, i64::from(u32::MAX)) as u32)
+    }
+
+    /// Rolls back to the message's savepoint (the inbox row, the position
+    /// and the handler's effects go) and commits the retry record in the
+    /// same transaction, which never let go of the write lock. When SQLite
+    /// had already ended the transaction, the record is written on its own.
+    async fn roll_back_for_retry(
+        &self,
+        mut tx: Transaction<'static, Sqlite>,
+        consumer: &str,
+        envelope: &Envelope,
+        retry_in: Duration,
+    ) -> sqlx::Result<()> {
+        const NOTE: &str = "INSERT INTO outbox_consumer_attempts
+                (consumer_name, event_id, starts, aggregate_type, aggregate_id, aggregate_version,
+                 retry_at, updated_at)
+             VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (consumer_name, event_id) DO UPDATE SET
+                aggregate_type = excluded.aggregate_type, aggregate_id = excluded.aggregate_id,
+                aggregate_version = excluded.aggregate_version, retry_at = excluded.retry_at,
+                updated_at = excluded.updated_at";
+        let now = now_ms();
+        let note = || {
+            sqlx::query(NOTE)
+                .bind(consumer)
+                .bind(envelope.id.to_string())
+                .bind(&envelope.aggregate_type)
+                .bind(&envelope.aggregate_id)
+                .bind(envelope.aggregate_version)
+                .bind(now.saturating_add(millis(retry_in)))
+                .bind(now)
+        };
+        if sqlx::raw_sql("ROLLBACK TO outbox_message")
+            .execute(&mut *tx)
+            .await
+            .is_ok()
+        {
+            note().execute(&mut *tx).await?;
+            return tx.commit().await;
+        }
+        let _ = tx.rollback().await;
+        let mut conn = self.pool.acquire().await?;
+        note().execute(&mut *conn).await?;
+        Ok(())
+    }
+
+    async fn forget_starts(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "DELETE FROM outbox_consumer_attempts WHERE consumer_name = ?1 AND event_id = ?2",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn forget_processed(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "DELETE FROM outbox_processed_events WHERE consumer_name = ?1 AND event_id = ?2",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    /// The inbox key, unless an open letter holds the event (a redelivery
+    /// of a lettered message is a duplicate until the letter is replayed
+    /// or discarded).
+    async fn claim_one(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO outbox_processed_events (consumer_name, event_id, processed_at)
+             SELECT ?1, ?2, ?3 WHERE NOT EXISTS (
+                 SELECT 1 FROM outbox_dead_letters
+                 WHERE consumer_name = ?1 AND event_id = ?2 AND resolved_at IS NULL)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn claim_replay(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO outbox_processed_events (consumer_name, event_id, processed_at)
+             VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// One statement for the batch: the ids as a JSON array.
+    async fn claim_many(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_ids: &[Uuid],
+    ) -> sqlx::Result<Vec<Uuid>> {
+        let ids = serde_json::Value::Array(
+            event_ids
+                .iter()
+                .map(|id| serde_json::Value::String(id.to_string()))
+                .collect(),
+        )
+        .to_string();
+        let fresh: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO outbox_processed_events (consumer_name, event_id, processed_at)
+             SELECT ?1, j.value, ?3 FROM json_each(?2) AS j
+             WHERE NOT EXISTS (
+                 SELECT 1 FROM outbox_dead_letters d
+                 WHERE d.consumer_name = ?1 AND d.event_id = j.value AND d.resolved_at IS NULL)
+             ORDER BY j.value
+             ON CONFLICT DO NOTHING
+             RETURNING event_id",
+        )
+        .bind(consumer)
+        .bind(ids)
+        .bind(now_ms())
+        .fetch_all(conn)
+        .await?;
+        fresh.iter().map(|id| uuid_text(id)).collect()
+    }
+
+    /// Creates the missing positions (at 0, not pinned) and reads them
+    /// all; the write lock the transaction holds keeps them.
+    async fn lock_positions(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregates: &[(String, String)],
+    ) -> sqlx::Result<Vec<((String, String), Position)>> {
+        let pairs = pairs_json(aggregates.iter().map(|(t, i)| (t.as_str(), i.as_str())));
+        sqlx::query(
+            "INSERT INTO outbox_consumer_positions
+                (consumer_name, aggregate_type, aggregate_id, version, pinned, updated_at)
+             SELECT ?1, j.value ->> 0, j.value ->> 1, 0, 0, ?3 FROM json_each(?2) AS j WHERE true
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(&pairs)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+        let rows = sqlx::query(
+            "SELECT p.aggregate_type, p.aggregate_id, p.version, p.pinned, p.start_version
+             FROM json_each(?2) AS j
+             JOIN outbox_consumer_positions p
+               ON p.consumer_name = ?1 AND p.aggregate_type = j.value ->> 0
+              AND p.aggregate_id = j.value ->> 1",
+        )
+        .bind(consumer)
+        .bind(&pairs)
+        .fetch_all(conn)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok((
+                    (row.try_get("aggregate_type")?, row.try_get("aggregate_id")?),
+                    position_from_row(row)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// The inbox key, then the position moved to this version when it is
+    /// the next one, else the position (created for a first message) for
+    /// the ordering decision.
+    async fn claim_strict(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<Option<StrictClaim>> {
+        if !self.claim_one(conn, consumer, envelope.id).await? {
+            return Ok(None);
+        }
+        let advanced = sqlx::query(
+            "UPDATE outbox_consumer_positions
+             SET version = ?4, pinned = 1, updated_at = ?5,
+                 start_version = CASE WHEN pinned THEN start_version
+                                      ELSE coalesce(start_version, ?4) END
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+               AND version = ?4 - 1",
+        )
+        .bind(consumer)
+        .bind(&envelope.aggregate_type)
+        .bind(&envelope.aggregate_id)
+        .bind(envelope.aggregate_version)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+        let aggregate = (
+            envelope.aggregate_type.as_str(),
+            envelope.aggregate_id.as_str(),
+        );
+        if advanced.rows_affected() == 1 {
+            let successor_parked =
+                Self::successor_parked(conn, consumer, aggregate, envelope.aggregate_version)
+                    .await?;
+            return Ok(Some(StrictClaim::Advanced { successor_parked }));
+        }
+        let position = self
+            .lock_position(conn, consumer, aggregate.0, aggregate.1)
+            .await?;
+        Ok(Some(StrictClaim::Locked(position)))
+    }
+
+    async fn claim_stale(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<Option<bool>> {
+        if !self.claim_one(conn, consumer, envelope.id).await? {
+            return Ok(None);
+        }
+        Ok(Some(self.advance_if_newer(conn, consumer, envelope).await?))
+    }
+
+    async fn settle_strict(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<bool> {
+        self.set_position(conn, consumer, envelope).await?;
+        Self::successor_parked(
+            conn,
+            consumer,
+            (&envelope.aggregate_type, &envelope.aggregate_id),
+            envelope.aggregate_version,
+        )
+        .await
+    }
+
+    /// The moved positions in one statement, the parked messages in
+    /// another, and the moved aggregates whose next version waits parked
+    /// in a third (each binds its rows as one JSON array).
+    async fn settle_batch(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        moved: &[MovedPosition],
+        parked: &[Envelope],
+    ) -> sqlx::Result<Vec<(String, String)>> {
+        let now = now_ms();
+        let moved_json = serde_json::Value::Array(
+            moved
+                .iter()
+                .map(|m| serde_json::json!([m.aggregate.0, m.aggregate.1, m.version, m.start]))
+                .collect(),
+        )
+        .to_string();
+        sqlx::query(
+            "UPDATE outbox_consumer_positions AS p
+             SET version = u.v, pinned = 1, updated_at = ?3,
+                 start_version = CASE WHEN p.pinned THEN p.start_version
+                                      ELSE coalesce(p.start_version, u.first) END
+             FROM (SELECT value ->> 0 AS t, value ->> 1 AS i, value ->> 2 AS v, value ->> 3 AS first
+                   FROM json_each(?2)) AS u
+             WHERE p.consumer_name = ?1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i",
+        )
+        .bind(consumer)
+        .bind(&moved_json)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+        if !parked.is_empty() {
+            let parked_json = serde_json::Value::Array(
+                parked
+                    .iter()
+                    .map(|e| {
+                        Ok(serde_json::json!([
+                            e.id.to_string(),
+                            e.aggregate_type,
+                            e.aggregate_id,
+                            e.aggregate_version,
+                            serde_json::to_string(e)?,
+                        ]))
+                    })
+                    .collect::<Result<Vec<_>, serde_json::Error>>()
+                    .map_err(encode_error)?,
+            )
+            .to_string();
+            sqlx::query(
+                "INSERT INTO outbox_consumer_parked
+                    (consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version,
+                     envelope, parked_at)
+                 SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?3
+                 FROM json_each(?2) WHERE true
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(consumer)
+            .bind(&parked_json)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+        }
+        sqlx::query_as(
+            "SELECT u.t, u.i
+             FROM (SELECT value ->> 0 AS t, value ->> 1 AS i, value ->> 2 AS v FROM json_each(?2)) AS u
+             WHERE EXISTS (
+                SELECT 1 FROM outbox_consumer_parked k
+                WHERE k.consumer_name = ?1 AND k.aggregate_type = u.t AND k.aggregate_id = u.i
+                  AND k.aggregate_version = u.v + 1 AND (k.retry_at IS NULL OR k.retry_at <= ?3))",
+        )
+        .bind(consumer)
+        .bind(&moved_json)
+        .bind(now)
+        .fetch_all(conn)
+        .await
+    }
+
+    /// One statement, on the caller's connection (committed on its own
+    /// outside a transaction).
+    async fn pin_first(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregates: &[(&str, &str)],
+    ) -> sqlx::Result<()> {
+        let mut sorted = aggregates.to_vec();
+        sorted.sort_unstable();
+        sqlx::query(
+            "INSERT INTO outbox_consumer_positions AS p
+                (consumer_name, aggregate_type, aggregate_id, version, pinned, start_version, updated_at)
+             SELECT ?1, value ->> 0, value ->> 1, 0, 1, 1, ?3 FROM json_each(?2) WHERE true
+             ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+             DO UPDATE SET pinned = 1, start_version = 1, updated_at = excluded.updated_at
+             WHERE NOT p.pinned",
+        )
+        .bind(consumer)
+        .bind(pairs_json(sorted))
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn open_letter_at(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        version: i64,
+    ) -> sqlx::Result<Option<(i64, String)>> {
+        sqlx::query_as(
+            "SELECT id, kind FROM outbox_dead_letters
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+               AND aggregate_version = ?4 AND resolved_at IS NULL
+             ORDER BY id LIMIT 1",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .bind(version)
+        .fetch_optional(conn)
+        .await
+    }
+
+    async fn advance_if_newer(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<bool> {
+        let moved: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO outbox_consumer_positions AS p
+                (consumer_name, aggregate_type, aggregate_id, version, pinned, updated_at)
+             VALUES (?1, ?2, ?3, ?4, 1, ?5)
+             ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+             DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at
+             WHERE p.version < excluded.version
+             RETURNING version",
+        )
+        .bind(consumer)
+        .bind(&envelope.aggregate_type)
+        .bind(&envelope.aggregate_id)
+        .bind(envelope.aggregate_version)
+        .bind(now_ms())
+        .fetch_optional(conn)
+        .await?;
+        Ok(moved.is_some())
+    }
+
+    async fn lock_position(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> sqlx::Result<Position> {
+        sqlx::query(
+            "INSERT INTO outbox_consumer_positions
+                (consumer_name, aggregate_type, aggregate_id, version, pinned, updated_at)
+             VALUES (?1, ?2, ?3, 0, 0, ?4)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+        let row = sqlx::query(
+            "SELECT version, pinned, start_version FROM outbox_consumer_positions
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3",
+        )
+        .bind(consumer)
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .fetch_one(conn)
+        .await?;
+        position_from_row(&row)
+    }
+
+    /// Inside `BEGIN IMMEDIATE` nobody else holds the position: read it.
+    async fn try_lock_position(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> sqlx::Result<Option<Position>> {
+        let row = sqlx::query(
+            "SELECT version, pinned, start_version FROM outbox_consumer_positions
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3",
+        )
+        .bind(consumer)
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .fetch_optional(conn)
+        .await?;
+        row.as_ref().map(position_from_row).transpose()
+    }
+
+    async fn baseline(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+    ) -> sqlx::Result<Option<(i64, bool)>> {
+        let lowest: Option<i64> = sqlx::query_scalar(
+            "SELECT min(v) FROM (
+                SELECT aggregate_version AS v FROM outbox_consumer_parked
+                WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+                UNION ALL
+                SELECT aggregate_version FROM outbox_dead_letters
+                WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+                  AND resolved_at IS NULL AND aggregate_version IS NOT NULL)",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .fetch_one(&mut *conn)
+        .await?;
+        let Some(lowest) = lowest else {
+            return Ok(None);
+        };
+        let started = sqlx::query(
+            "UPDATE outbox_consumer_positions
+             SET version = ?4 - 1, pinned = 1, start_version = ?4, updated_at = ?5
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3 AND NOT pinned",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .bind(lowest)
+        .bind(now_ms())
+        .execute(&mut *conn)
+        .await?;
+        if started.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let parked: bool = sqlx::query_scalar(
+            "SELECT EXISTS (
+                SELECT 1 FROM outbox_consumer_parked
+                WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+                  AND aggregate_version = ?4)",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .bind(lowest)
+        .fetch_one(conn)
+        .await?;
+        Ok(Some((lowest - 1, parked)))
+    }
+
+    async fn set_position(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "UPDATE outbox_consumer_positions
+             SET version = ?4, pinned = 1, updated_at = ?5,
+                 start_version = CASE WHEN pinned THEN start_version ELSE coalesce(start_version, ?4) END
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3",
+        )
+        .bind(consumer)
+        .bind(&envelope.aggregate_type)
+        .bind(&envelope.aggregate_id)
+        .bind(envelope.aggregate_version)
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn park(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        envelope: &Envelope,
+    ) -> sqlx::Result<()> {
+        let json = serde_json::to_string(envelope).map_err(encode_error)?;
+        sqlx::query(
+            "INSERT INTO outbox_consumer_parked
+                (consumer_name, event_id, aggregate_type, aggregate_id, aggregate_version, envelope,
+                 parked_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(envelope.id.to_string())
+        .bind(&envelope.aggregate_type)
+        .bind(&envelope.aggregate_id)
+        .bind(envelope.aggregate_version)
+        .bind(json)
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn start_parked(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        version: i64,
+        lease: Duration,
+    ) -> sqlx::Result<Option<Result<ParkedMessage, serde_json::Error>>> {
+        let now = now_ms();
+        let row: Option<(String, i64)> = sqlx::query_as(
+            "UPDATE outbox_consumer_parked
+             SET attempts = attempts + 1, retry_at = ?5
+             WHERE consumer_name = ?1 AND event_id = (
+                 SELECT event_id FROM outbox_consumer_parked
+                 WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+                   AND aggregate_version = ?4 AND (retry_at IS NULL OR retry_at <= ?6)
+                 ORDER BY parked_at LIMIT 1)
+             RETURNING envelope, attempts",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .bind(version)
+        .bind(now.saturating_add(millis(lease)))
+        .bind(now)
+        .fetch_optional(conn)
+        .await?;
+        Ok(row.map(|(json, attempts)| {
+            serde_json::from_str(&json).map(|envelope| ParkedMessage {
+                envelope,
+                attempts: attempts.clamp(1, i64::from(u32::MAX)) as u32,
+            })
+        }))
+    }
+
+    async fn lock_parked(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<bool> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_consumer_parked
+                            WHERE consumer_name = ?1 AND event_id = ?2)",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .fetch_one(conn)
+        .await
+    }
+
+    async fn unpark_through(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        version: i64,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "DELETE FROM outbox_consumer_parked
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+               AND aggregate_version <= ?4",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .bind(version)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    /// Dead-letters the aggregate's parked messages only if the next
+    /// version is still not parked, is not retrying (a failed handler's
+    /// message due back less than the timeout ago) and the oldest parked
+    /// message waited past the timeout.
+    async fn expire_parked(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        position: i64,
+        timeout_secs: f64,
+        reason: &str,
+    ) -> sqlx::Result<u64> {
+        let now = now_ms();
+        let cutoff = now.saturating_sub((timeout_secs * 1000.0) as i64);
+        let due: bool = sqlx::query_scalar(
+            "SELECT count(*) > 0 AND min(parked_at) < ?5
+                    AND NOT max(aggregate_version = ?4 + 1)
+                    AND NOT EXISTS (
+                        SELECT 1 FROM outbox_consumer_attempts a
+                        WHERE a.consumer_name = ?1 AND a.aggregate_type = ?2 AND a.aggregate_id = ?3
+                          AND a.aggregate_version = ?4 + 1 AND a.retry_at > ?5)
+             FROM outbox_consumer_parked
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3",
+        )
+        .bind(consumer)
+        .bind(aggregate.0)
+        .bind(aggregate.1)
+        .bind(position)
+        .bind(cutoff)
+        .fetch_one(&mut *conn)
+        .await?;
+        if !due {
+            return Ok(0);
+        }
+        Self::letter_parked_rows(conn, consumer, aggregate, reason).await
+    }
+
+    async fn unpark(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "DELETE FROM outbox_consumer_parked WHERE consumer_name = ?1 AND event_id = ?2",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn parked_failed(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        event_id: Uuid,
+        error: &str,
+        retry_in: Duration,
+    ) -> sqlx::Result<bool> {
+        let attempts: Option<i64> = sqlx::query_scalar(
+            "UPDATE outbox_consumer_parked SET last_error = ?3, retry_at = ?4
+             WHERE consumer_name = ?1 AND event_id = ?2 RETURNING attempts",
+        )
+        .bind(consumer)
+        .bind(event_id.to_string())
+        .bind(error)
+        .bind(now_ms().saturating_add(millis(retry_in)))
+        .fetch_optional(conn)
+        .await?;
+        Ok(attempts.is_some())
+    }
+
+    async fn ready_parked(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+    ) -> sqlx::Result<Vec<(String, String)>> {
+        sqlx::query_as(
+            "SELECT DISTINCT k.aggregate_type, k.aggregate_id
+             FROM outbox_consumer_parked k
+             LEFT JOIN outbox_consumer_positions p
+               ON p.consumer_name = k.consumer_name AND p.aggregate_type = k.aggregate_type
+              AND p.aggregate_id = k.aggregate_id
+             WHERE k.consumer_name = ?1 AND k.aggregate_version = coalesce(p.version, 0) + 1
+               AND (k.retry_at IS NULL OR k.retry_at <= ?2)
+             LIMIT 1000",
+        )
+        .bind(consumer)
+        .bind(now_ms())
+        .fetch_all(conn)
+        .await
+    }
+
+    async fn expired_parked(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        timeout_secs: f64,
+    ) -> sqlx::Result<Vec<ExpiredAggregate>> {
+        let cutoff = now_ms().saturating_sub((timeout_secs * 1000.0) as i64);
+        let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
+            "SELECT k.aggregate_type, k.aggregate_id, coalesce(max(p.version), 0),
+                    min(k.aggregate_version)
+             FROM outbox_consumer_parked k
+             LEFT JOIN outbox_consumer_positions p
+               ON p.consumer_name = k.consumer_name AND p.aggregate_type = k.aggregate_type
+              AND p.aggregate_id = k.aggregate_id
+             WHERE k.consumer_name = ?1
+             GROUP BY k.aggregate_type, k.aggregate_id
+             HAVING min(k.parked_at) < ?2
+             LIMIT 1000",
+        )
+        .bind(consumer)
+        .bind(cutoff)
+        .fetch_all(conn)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(aggregate_type, aggregate_id, position, first_parked)| ExpiredAggregate {
+                    aggregate_type,
+                    aggregate_id,
+                    position,
+                    first_parked,
+                },
+            )
+            .collect())
+    }
+
+    async fn dead_letter_parked(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        aggregate: (&str, &str),
+        reason: &str,
+    ) -> sqlx::Result<u64> {
+        Self::letter_parked_rows(conn, consumer, aggregate, reason).await
+    }
+
+    /// Written only for an event this consumer has not applied, and at
+    /// most once while it is open.
+    async fn letter(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        letter: &Letter<'_>,
+    ) -> sqlx::Result<bool> {
+        let envelope = letter.envelope;
+        let done = sqlx::query(
+            "INSERT INTO outbox_dead_letters
+                (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
+                 aggregate_id, aggregate_version, headers, payload, reason, attempts, created_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13
+             WHERE ?3 IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM outbox_processed_events WHERE consumer_name = ?1 AND event_id = ?3)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(consumer)
+        .bind(letter.kind.as_str())
+        .bind(envelope.map(|e| e.id.to_string()))
+        .bind(envelope.map(|e| e.event_type.as_str()))
+        .bind(envelope.map(|e| i64::from(e.schema_version)))
+        .bind(envelope.map(|e| e.aggregate_type.as_str()))
+        .bind(envelope.map(|e| e.aggregate_id.as_str()))
+        .bind(envelope.map(|e| e.aggregate_version))
+        .bind(letter.headers.to_string())
+        .bind(letter.payload)
+        .bind(letter.reason)
+        .bind(i64::from(letter.attempts))
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lock_letter(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        letter_id: i64,
+    ) -> sqlx::Result<Option<StoredLetter>> {
+        let row: Option<(String, Vec<u8>)> = sqlx::query_as(
+            "SELECT headers, payload FROM outbox_dead_letters
+             WHERE id = ?1 AND consumer_name = ?2 AND resolved_at IS NULL",
+        )
+        .bind(letter_id)
+        .bind(consumer)
+        .fetch_optional(conn)
+        .await?;
+        Ok(row.map(|(headers, payload)| StoredLetter { headers, payload }))
+    }
+
+    async fn requested_replays(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+    ) -> sqlx::Result<Vec<i64>> {
+        sqlx::query_scalar(
+            "SELECT id FROM outbox_dead_letters
+             WHERE consumer_name = ?1 AND replay_requested_at IS NOT NULL AND resolved_at IS NULL
+             ORDER BY id LIMIT 100",
+        )
+        .bind(consumer)
+        .fetch_all(conn)
+        .await
+    }
+
+    async fn take_replay_request(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        letter_id: i64,
+    ) -> sqlx::Result<Option<Option<i64>>> {
+        sqlx::query_scalar(
+            "UPDATE outbox_dead_letters SET replay_requested_at = NULL
+             WHERE id = ?1 AND consumer_name = ?2
+               AND replay_requested_at IS NOT NULL AND resolved_at IS NULL
+             RETURNING replay_audit_id",
+        )
+        .bind(letter_id)
+        .bind(consumer)
+        .fetch_optional(conn)
+        .await
+    }
+
+    async fn resolve_letter(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        letter_id: i64,
+        resolution: &str,
+    ) -> sqlx::Result<bool> {
+        let done = sqlx::query(
+            "UPDATE outbox_dead_letters
+             SET resolved_at = ?4, resolution = ?3, replays = replays + 1
+             WHERE id = ?1 AND consumer_name = ?2 AND resolved_at IS NULL",
+        )
+        .bind(letter_id)
+        .bind(consumer)
+        .bind(resolution)
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn letter_replay_failed(
+        &self,
+        conn: &mut SqliteConnection,
+        consumer: &str,
+        letter_id: i64,
+        error: &str,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "UPDATE outbox_dead_letters SET replays = replays + 1, last_replay_error = ?3
+             WHERE id = ?1 AND consumer_name = ?2 AND resolved_at IS NULL",
+        )
+        .bind(letter_id)
+        .bind(consumer)
+        .bind(error)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    /// Added up across the instances; the lag is the one of the most
+    /// recently applied event.
+    async fn flush_stats(
+        &self,
+        consumer: &str,
+        applied: i64,
+        duplicates: i64,
+        last_applied_at: Option<DateTime<Utc>>,
+        lag_seconds: Option<f64>,
+    ) -> sqlx::Result<()> {
+        sqlx::query(
+            "INSERT INTO outbox_consumer_stats AS t
+                (consumer_name, applied, duplicates, last_applied_at, lag_seconds, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (consumer_name) DO UPDATE SET
+                applied = t.applied + excluded.applied,
+                duplicates = t.duplicates + excluded.duplicates,
+                lag_seconds = CASE
+                    WHEN excluded.last_applied_at >= coalesce(t.last_applied_at, excluded.last_applied_at)
+                    THEN excluded.lag_seconds ELSE t.lag_seconds END,
+                last_applied_at = max(coalesce(t.last_applied_at, excluded.last_applied_at),
+                                      coalesce(excluded.last_applied_at, t.last_applied_at)),
+                updated_at = excluded.updated_at",
+        )
+        .bind(consumer)
+        .bind(applied)
+        .bind(duplicates)
+        .bind(last_applied_at.map(|at| at.timestamp_millis()))
+        .bind(lag_seconds)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn audit_begin(
+        &self,
+        conn: &mut SqliteConnection,
+        request: &RepairRequest,
+        action: &str,
+        target: &str,
+        ids: &[String],
+    ) -> sqlx::Result<i64> {
+        let ids = serde_json::to_string(ids).map_err(encode_error)?;
+        sqlx::query_scalar(
+            "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+        )
+        .bind(now_ms())
+        .bind(request.operator())
+        .bind(request.reason())
+        .bind(action)
+        .bind(target)
+        .bind(ids)
+        .fetch_one(conn)
+        .await
+    }
+
+    /// Appends to the row's outcomes array (an empty one when it has none).
+    async fn audit_append(
+        &self,
+        conn: &mut SqliteConnection,
+        audit_id: i64,
+        outcomes: &serde_json::Value,
+    ) -> sqlx::Result<()> {
+        let stored: Option<Option<String>> =
+            sqlx::query_scalar("SELECT outcomes FROM outbox_audit WHERE id = ?1")
+                .bind(audit_id)
+                .fetch_optional(&mut *conn)
+                .await?;
+        let Some(stored) = stored else {
+            return Ok(());
+        };
+        let mut all: Vec<serde_json::Value> = match stored {
+            Some(text) => {
+                serde_json::from_str(&text).map_err(|error| sqlx::Error::Decode(error.into()))?
+            }
+            None => Vec::new(),
+        };
+        match outcomes {
+            serde_json::Value::Array(more) => all.extend(more.iter().cloned()),
+            other => all.push(other.clone()),
+        }
+        sqlx::query("UPDATE outbox_audit SET outcomes = ?2 WHERE id = ?1")
+            .bind(audit_id)
+            .bind(serde_json::Value::Array(all).to_string())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn audit_finish(
+        &self,
+        conn: &mut SqliteConnection,
+        audit_id: i64,
+        outcomes: &serde_json::Value,
+    ) -> sqlx::Result<()> {
+        sqlx::query("UPDATE outbox_audit SET outcomes = ?2 WHERE id = ?1")
+            .bind(audit_id)
+            .bind(outcomes.to_string())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+}

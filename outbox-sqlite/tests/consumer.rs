@@ -1,0 +1,649 @@
+//! The consumer engine of `outbox-core` on `SqliteConsumerStore`: the
+//! inbox (duplicates, two instances racing one event), the ordering
+//! policies with versions out of order, a gap that never closes, a failed
+//! start under `Strict` (rolled back, recorded, applied on redelivery),
+//! dead letters and their audited replay, quarantine, batches, and the
+//! whole path from emit through the SQLite relay and the in-process bus to
+//! consumers on the same file.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use common::{Noted, TestDb, wait_for};
+use outbox_core::Envelope;
+use outbox_core::audit::RepairRequest;
+use outbox_core::consumer::{
+    Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Ordering, Outcome,
+    ReplayOutcome, RetryPolicy,
+};
+use outbox_core::ops::{Status, StatusOptions};
+use outbox_core::relay::{Backoff, RelayConfig};
+use outbox_core::transport::InProcessBus;
+use outbox_sqlite::{SqliteConsumerStore, SqliteOps, SqliteOutbox};
+use sqlx::{Connection, SqliteConnection, SqlitePool};
+
+type SqliteConsumer = Consumer<SqliteConsumerStore>;
+
+/// Creates the handlers' table: one row per applied event.
+async fn create_effects(pool: &SqlitePool) {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS effects (
+            consumer TEXT NOT NULL, event_id TEXT NOT NULL, board TEXT NOT NULL,
+            version INTEGER NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Versions of `board` the consumer applied, in commit order.
+async fn applied(pool: &SqlitePool, consumer: &str, board: &str) -> Vec<i64> {
+    sqlx::query_scalar(
+        "SELECT version FROM effects WHERE consumer = ?1 AND board = ?2 ORDER BY seq",
+    )
+    .bind(consumer)
+    .bind(board)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A consumer of `Noted` that writes an effect row in its transaction; while
+/// `broken` is set it fails (retryable) for a note whose text is "poison",
+/// and for "swallow" it ends the transaction under the engine (as SQLite
+/// does on some errors) and returns `Ok`.
+fn consumer(
+    pool: &SqlitePool,
+    name: &str,
+    config: ConsumerConfig,
+    broken: Arc<AtomicBool>,
+) -> SqliteConsumer {
+    ConsumerBuilder::<SqliteConnection>::for_connection(name)
+        .config(config)
+        .on_fn::<Noted, _>(move |noted, tx| {
+            let broken = broken.clone();
+            Box::pin(async move {
+                let broken = broken.load(AtomicOrdering::SeqCst);
+                if noted.event.text == "poison" && broken {
+                    return Err(HandlerError::retryable("the ledger is closed"));
+                }
+                if noted.event.text == "swallow" && broken {
+                    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await;
+                    return Ok(());
+                }
+                sqlx::query(
+                    "INSERT INTO effects (consumer, event_id, board, version) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .bind(noted.meta.consumer.to_string())
+                .bind(noted.meta.event_id.to_string())
+                .bind(&noted.event.board)
+                .bind(noted.meta.aggregate_version)
+                .execute(&mut *tx)
+                .await?;
+                Ok(())
+            })
+        })
+        .build_on(SqliteConsumerStore::new(pool.clone()))
+        .unwrap()
+}
+
+fn note(board: &str, version: i64) -> Envelope {
+    Envelope::for_event(&Noted::new(board, format!("v{version}")), version).unwrap()
+}
+
+fn config(ordering: Ordering) -> ConsumerConfig {
+    ConsumerConfig {
+        ordering,
+        retry: RetryPolicy {
+            max_attempts: 3,
+            backoff: Backoff {
+                initial: Duration::from_millis(10),
+                max: Duration::from_millis(20),
+                multiplier: 2.0,
+                jitter: 0.0,
+            },
+            handler_timeout: Duration::from_secs(10),
+        },
+        ..ConsumerConfig::default()
+    }
+}
+
+const STRICT: Ordering = Ordering::Strict {
+    park_timeout: Duration::from_secs(60),
+};
+
+async fn status(pool: &SqlitePool) -> Status {
+    SqliteOps::new(pool.clone())
+        .status(&StatusOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn setup() -> TestDb {
+    let db = TestDb::new().await;
+    create_effects(&db.pool).await;
+    db
+}
+
+async fn scalar(pool: &SqlitePool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_redelivery_and_two_instances_racing_one_event_take_effect_once() {
+    let db = setup().await;
+    let one = consumer(
+        &db.pool,
+        "inbox",
+        config(Ordering::Unordered),
+        Arc::default(),
+    );
+    let two = consumer(
+        &db.another_pool().await,
+        "inbox",
+        config(Ordering::Unordered),
+        Arc::default(),
+    );
+    let event = note("b1", 1);
+    let (a, b) = tokio::join!(one.handle_envelope(&event), two.handle_envelope(&event));
+    let mut outcomes = vec![a.unwrap(), b.unwrap()];
+    outcomes.sort_by_key(|o| o.label());
+    assert_eq!(outcomes, vec![Outcome::Applied, Outcome::Duplicate]);
+    assert_eq!(
+        one.handle(&Incoming::from_envelope(&event, 2))
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(applied(&db.pool, "inbox", "b1").await, vec![1]);
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_processed_events").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn versions_1_3_2_under_each_policy() {
+    let db = setup().await;
+    for (name, ordering, expected, effects) in [
+        (
+            "unordered",
+            Ordering::Unordered,
+            vec![Outcome::Applied; 3],
+            vec![1, 3, 2],
+        ),
+        (
+            "stale",
+            Ordering::RejectStale,
+            vec![
+                Outcome::Applied,
+                Outcome::Applied,
+                Outcome::Stale { position: None },
+            ],
+            vec![1, 3],
+        ),
+        (
+            "strict",
+            STRICT,
+            vec![
+                Outcome::Applied,
+                Outcome::Parked { waiting_for: 2 },
+                Outcome::Applied,
+            ],
+            vec![1, 2, 3],
+        ),
+    ] {
+        let consumer = consumer(&db.pool, name, config(ordering), Arc::default());
+        let mut outcomes = Vec::new();
+        for version in [1, 3, 2] {
+            outcomes.push(
+                consumer
+                    .handle_envelope(&note("b1", version))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(outcomes, expected, "{name}");
+        assert_eq!(applied(&db.pool, name, "b1").await, effects, "{name}");
+    }
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_consumer_parked").await,
+        0,
+        "the parked version 3 was applied and removed"
+    );
+}
+
+#[tokio::test]
+async fn a_strict_gap_that_never_closes_ends_in_dead_letters_naming_the_missing_version() {
+    let db = setup().await;
+    let consumer = consumer(
+        &db.pool,
+        "gap",
+        config(Ordering::Strict {
+            park_timeout: Duration::from_millis(800),
+        }),
+        Arc::default(),
+    );
+    assert_eq!(
+        consumer.handle_envelope(&note("b1", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    for version in [3, 4] {
+        assert_eq!(
+            consumer
+                .handle_envelope(&note("b1", version))
+                .await
+                .unwrap(),
+            Outcome::Parked { waiting_for: 2 }
+        );
+    }
+    assert_eq!(
+        consumer.handle_envelope(&note("b2", 1)).await.unwrap(),
+        Outcome::Applied,
+        "another aggregate is not held up"
+    );
+    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 0);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 2);
+    let letters: Vec<(String, i64, String, Vec<u8>, String)> = sqlx::query_as(
+        "SELECT kind, aggregate_version, reason, payload, headers FROM outbox_dead_letters
+         ORDER BY aggregate_version",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(letters.len(), 2);
+    for (kind, _, reason, _, _) in &letters {
+        assert_eq!(kind, "dead_lettered");
+        assert!(
+            reason.contains("version 2 of board/b1 did not arrive"),
+            "{reason}"
+        );
+    }
+    assert_eq!(letters[0].1, 3);
+    let payload: serde_json::Value = serde_json::from_slice(&letters[0].3).unwrap();
+    assert_eq!(payload["text"], "v3", "the letter keeps the payload");
+    let headers: serde_json::Value = serde_json::from_str(&letters[0].4).unwrap();
+    assert_eq!(headers["type"], "board.noted");
+    assert_eq!(headers["aggregateversion"], "3");
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_processed_events WHERE event_id IN (SELECT event_id FROM outbox_dead_letters)").await,
+        0,
+        "lettered messages hold no inbox row (a replay can apply them)"
+    );
+    assert_eq!(applied(&db.pool, "gap", "b1").await, vec![1]);
+    // The operator's status shows the consumer's letters as a problem.
+    let status = status(&db.pool).await;
+    let gap = status
+        .consumers
+        .iter()
+        .find(|c| c.consumer == "gap")
+        .unwrap();
+    assert_eq!((gap.dead_lettered, gap.parked), (2, 0));
+    assert!(
+        status
+            .problems
+            .iter()
+            .any(|p| p.contains("consumer gap: 2 dead letter")),
+        "{:?}",
+        status.problems
+    );
+}
+
+#[tokio::test]
+async fn a_failed_strict_start_rolls_back_records_its_retry_and_applies_on_redelivery() {
+    let db = setup().await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let consumer = consumer(&db.pool, "retry", config(STRICT), broken.clone());
+    assert_eq!(
+        consumer.handle_envelope(&note("b1", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    let poison = Envelope::for_event(&Noted::new("b1", "poison"), 2).unwrap();
+    let outcome = consumer.handle_envelope(&poison).await.unwrap();
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    // The start was undone (no inbox row, position still 1), and its retry
+    // is on record for the sweep.
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT count(*) FROM outbox_processed_events WHERE consumer_name = 'retry'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT version FROM outbox_consumer_positions WHERE aggregate_id = 'b1'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT count(*) FROM outbox_consumer_attempts WHERE aggregate_version = 2 AND retry_at IS NOT NULL"
+        )
+        .await,
+        1
+    );
+    // Version 3 waits behind it; the redelivery applies both in order.
+    assert_eq!(
+        consumer.handle_envelope(&note("b1", 3)).await.unwrap(),
+        Outcome::Parked { waiting_for: 2 }
+    );
+    broken.store(false, AtomicOrdering::SeqCst);
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&poison, 2))
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(applied(&db.pool, "retry", "b1").await, vec![1, 2, 3]);
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_consumer_attempts").await,
+        0,
+        "a settled message leaves no start count"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_ok_after_sqlite_ended_its_transaction_is_a_failed_attempt() {
+    let db = setup().await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let consumer = consumer(&db.pool, "swallow", config(STRICT), broken.clone());
+    let event = Envelope::for_event(&Noted::new("b1", "swallow"), 1).unwrap();
+    let outcome = consumer.handle_envelope(&event).await.unwrap();
+    match &outcome {
+        Outcome::Retry { error, .. } => {
+            assert!(error.contains("rolled its transaction back"), "{error}")
+        }
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_processed_events").await,
+        0,
+        "no inbox row for an event whose effects were not committed"
+    );
+    assert_eq!(
+        scalar(
+            &db.pool,
+            "SELECT count(*) FROM outbox_consumer_attempts WHERE aggregate_version = 1"
+        )
+        .await,
+        1,
+        "its retry is on record"
+    );
+    broken.store(false, AtomicOrdering::SeqCst);
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&event, 2))
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(applied(&db.pool, "swallow", "b1").await, vec![1]);
+}
+
+#[tokio::test]
+async fn a_dead_letter_is_replayed_once_after_the_fix_with_an_audit_row() {
+    let db = setup().await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let consumer = consumer(
+        &db.pool,
+        "ledger",
+        config(Ordering::RejectStale),
+        broken.clone(),
+    );
+    let poison = Envelope::for_event(&Noted::new("b9", "poison"), 1).unwrap();
+    let mut last = None;
+    for attempt in 1..=3 {
+        last = Some(
+            consumer
+                .handle(&Incoming::from_envelope(&poison, attempt))
+                .await
+                .unwrap(),
+        );
+    }
+    let last = last.unwrap();
+    assert!(matches!(last, Outcome::DeadLettered { .. }), "{last:?}");
+    // Another aggregate goes on; a redelivery of the lettered message is a
+    // duplicate while the letter is open.
+    assert_eq!(
+        consumer.handle_envelope(&note("b1", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&poison, 4))
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
+    let letter_id = scalar(&db.pool, "SELECT id FROM outbox_dead_letters").await;
+    broken.store(false, AtomicOrdering::SeqCst);
+    let request = RepairRequest::new("ops", "ledger reopened").unwrap();
+    let report = consumer.replay(&[letter_id], &request).await.unwrap();
+    assert_eq!(report.letters, vec![(letter_id, ReplayOutcome::Applied)]);
+    assert_eq!(applied(&db.pool, "ledger", "b9").await, vec![1]);
+    let (resolution, replays): (String, i64) =
+        sqlx::query_as("SELECT resolution, replays FROM outbox_dead_letters WHERE id = ?1")
+            .bind(letter_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((resolution.as_str(), replays), ("replayed: applied", 1));
+    let (operator, action, outcomes): (String, String, String) =
+        sqlx::query_as("SELECT operator, action, outcomes FROM outbox_audit WHERE id = ?1")
+            .bind(report.audit_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (operator.as_str(), action.as_str()),
+        ("ops", "consumer.replay")
+    );
+    assert!(outcomes.contains("applied"), "{outcomes}");
+    // A second replay of the closed letter applies nothing.
+    let again = consumer.replay(&[letter_id], &request).await.unwrap();
+    assert_ne!(again.letters[0].1, ReplayOutcome::Applied);
+    assert_eq!(applied(&db.pool, "ledger", "b9").await, vec![1]);
+}
+
+#[tokio::test]
+async fn an_unreadable_message_is_quarantined_and_the_next_one_is_applied() {
+    let db = setup().await;
+    let consumer = consumer(&db.pool, "reader", config(STRICT), Arc::default());
+    let newer = note("b1", 1);
+    let attributes: Vec<(String, String)> = Incoming::from_envelope(&newer, 1)
+        .attributes()
+        .iter()
+        .map(|(k, v)| {
+            let v = if k == "schemaversion" {
+                "7".to_owned()
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    let unreadable = Incoming::new(attributes, newer.payload.get().as_bytes().to_vec(), 1);
+    let outcome = consumer.handle(&unreadable).await.unwrap();
+    assert!(
+        matches!(outcome, Outcome::Quarantined { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        consumer.handle(&unreadable).await.unwrap(),
+        Outcome::Duplicate,
+        "one quarantine row per message"
+    );
+    assert_eq!(
+        consumer.handle_envelope(&note("b2", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    let (kind, version, pinned): (String, i64, bool) = sqlx::query_as(
+        "SELECT d.kind, d.aggregate_version, p.pinned FROM outbox_dead_letters d
+         JOIN outbox_consumer_positions p ON p.aggregate_id = d.aggregate_id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((kind.as_str(), version, pinned), ("quarantined", 1, true));
+    // Under Strict the quarantined version 1 holds its successors.
+    assert_eq!(
+        consumer.handle_envelope(&note("b1", 2)).await.unwrap(),
+        Outcome::Parked { waiting_for: 1 }
+    );
+}
+
+#[tokio::test]
+async fn strict_batches_apply_each_aggregate_in_version_order() {
+    let db = setup().await;
+    let consumer = consumer(
+        &db.pool,
+        "batch",
+        ConsumerConfig {
+            batch_size: 10,
+            ..config(STRICT)
+        },
+        Arc::default(),
+    );
+    let deliver = |versions: &[(&str, i64)]| -> Vec<Incoming> {
+        versions
+            .iter()
+            .map(|(board, v)| Incoming::from_envelope(&note(board, *v), 1))
+            .collect()
+    };
+    let outcomes = consumer
+        .handle_batch(&deliver(&[
+            ("s", 3),
+            ("t", 2),
+            ("s", 1),
+            ("s", 2),
+            ("t", 4),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Parked { waiting_for: 1 },
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Parked { waiting_for: 1 },
+        ]
+    );
+    // s's 4 twice (a redelivery in the same batch), and another event at
+    // s's version 4.
+    let s4 = note("s", 4);
+    let mut batch = deliver(&[("t", 1)]);
+    batch.push(Incoming::from_envelope(&s4, 1));
+    batch.push(Incoming::from_envelope(&s4, 2));
+    batch.extend(deliver(&[("s", 4)]));
+    let outcomes = consumer.handle_batch(&batch).await.unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Duplicate,
+            Outcome::Stale { position: Some(4) }
+        ]
+    );
+    assert_eq!(applied(&db.pool, "batch", "s").await, vec![1, 2, 3, 4]);
+    assert_eq!(
+        applied(&db.pool, "batch", "t").await,
+        vec![1, 2],
+        "t's 4 waits for 3"
+    );
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_consumer_parked").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emitted_events_reach_consumers_on_the_same_file_once_and_in_order_without_a_broker() {
+    let db = setup().await;
+    let outbox = SqliteOutbox::new();
+    let mut conn = db.pool.acquire().await.unwrap();
+    for round in 0..10 {
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        for board in 0..4 {
+            outbox
+                .emit(
+                    &mut tx,
+                    &Noted::new(format!("b{board}"), format!("r{round}")),
+                )
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    drop(conn);
+    let bus = InProcessBus::new();
+    let strict = consumer(&db.pool, "strict", config(STRICT), Arc::default());
+    let stale = consumer(
+        &db.pool,
+        "stale",
+        config(Ordering::RejectStale),
+        Arc::default(),
+    );
+    let tasks = [
+        strict.spawn(bus.subscribe("strict")),
+        strict.spawn(bus.subscribe("strict")),
+        stale.spawn(bus.subscribe("stale")),
+    ];
+    let relay = outbox_sqlite::start_relay(
+        db.pool.clone(),
+        bus.transport(),
+        RelayConfig {
+            poll_interval: Duration::from_millis(50),
+            stats_interval: Duration::ZERO,
+            ..RelayConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_for("every event published", Duration::from_secs(30), || async {
+        db.count("published").await == 40
+    })
+    .await;
+    relay.drain(Duration::from_secs(10)).await.unwrap();
+    for task in tasks {
+        task.drain(Duration::from_secs(10)).await.unwrap();
+    }
+    for name in ["strict", "stale"] {
+        for board in 0..4 {
+            assert_eq!(
+                applied(&db.pool, name, &format!("b{board}")).await,
+                (1..=10).collect::<Vec<i64>>(),
+                "{name} b{board}"
+            );
+        }
+    }
+    assert_eq!(
+        scalar(&db.pool, "SELECT count(*) FROM outbox_dead_letters").await,
+        0
+    );
+    // Each consumer's task flushed its counts when it stopped (two
+    // instances of `strict`, added up).
+    let status = status(&db.pool).await;
+    let applied_by = |name: &str| {
+        status
+            .consumers
+            .iter()
+            .find(|c| c.consumer == name)
+            .map(|c| (c.applied, c.dead_lettered, c.last_applied_at.is_some()))
+    };
+    assert_eq!(applied_by("strict"), Some((40, 0, true)));
+    assert_eq!(applied_by("stale"), Some((40, 0, true)));
+    assert!(status.problems.is_empty(), "{:?}", status.problems);
+}
