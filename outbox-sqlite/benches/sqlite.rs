@@ -9,26 +9,34 @@
 //!   IMMEDIATE` and commits after the (no-op) publish: the cheapest relay
 //!   that still publishes at least once, without per-aggregate order
 //!   across relays and holding the write lock while it publishes.
+//! - consumer: a consumer on `SqliteConsumerStore` (`RejectStale` and
+//!   `Strict`, one message per transaction and batches of 100), each
+//!   message writing one business row, against the hand-written consumer
+//!   a competent engineer would write: per message `BEGIN IMMEDIATE`, an
+//!   inbox `INSERT … ON CONFLICT DO NOTHING`, the row, `COMMIT` (and the
+//!   batched variant: one transaction per 100 messages). Messages arrive in
+//!   version order per aggregate (200 aggregates), handed over in memory.
 //!
 //! `cargo bench -p outbox-sqlite --bench sqlite`; settings from the
 //! environment: `OUTBOX_BENCH_ROUNDS` (3), `OUTBOX_BENCH_EMITS` (20000),
-//! `OUTBOX_BENCH_BACKLOG` (100000). Prints events/s per variant and the
-//! median of the per-round ratios. Under `cargo test` (no `--bench`
-//! argument) it runs one smoke round of 500 emits and a 2,000-event
-//! backlog.
+//! `OUTBOX_BENCH_BACKLOG` (100000), `OUTBOX_BENCH_MESSAGES` (10000). Prints
+//! events/s per variant and the median of the per-round ratios. Under
+//! `cargo test` (no `--bench` argument) it runs one smoke round of 500
+//! emits, a 2,000-event backlog and 300 consumed messages.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use outbox_core::consumer::{ConsumerBuilder, Incoming, Ordering as ConsumerOrdering, Outcome};
 use outbox_core::relay::RelayConfig;
 use outbox_core::transport::{PublishFailure, Transport};
 use outbox_core::{Envelope, EventDraft, OutboxEvent};
-use outbox_sqlite::SqliteOutbox;
+use outbox_sqlite::{SqliteConsumerStore, SqliteOutbox};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use sqlx::{Row, SqlitePool};
+use sqlx::{Connection, Row, SqliteConnection, SqlitePool};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, OutboxEvent)]
 #[outbox(event_type = "bench.ticked", aggregate = "counter", version = 1)]
@@ -220,6 +228,117 @@ async fn drain_by_hand(pool: SqlitePool, total: usize, batch: usize) -> Duration
     start.elapsed()
 }
 
+/// Messages for the consumers: versions 1.. of 200 aggregates, each
+/// aggregate's in order.
+fn messages(total: usize) -> Vec<Envelope> {
+    (0..total)
+        .map(|n| {
+            let event = tick(n % AGGREGATES, (n / AGGREGATES) as u64);
+            Envelope::for_event(&event, (n / AGGREGATES) as i64 + 1).unwrap()
+        })
+        .collect()
+}
+
+async fn business_table(pool: &SqlitePool) {
+    sqlx::query(
+        "CREATE TABLE ticks (event_id TEXT PRIMARY KEY, counter TEXT NOT NULL, tick INTEGER NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Our consumer, `batch` messages per transaction.
+async fn consume_ours(
+    pool: &SqlitePool,
+    ordering: ConsumerOrdering,
+    batch: usize,
+    messages: &[Envelope],
+) -> Duration {
+    business_table(pool).await;
+    let consumer = ConsumerBuilder::<SqliteConnection>::for_connection("bench")
+        .ordering(ordering)
+        .batch_size(batch)
+        .on_fn::<Ticked, _>(|ticked, tx| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO ticks (event_id, counter, tick) VALUES (?1, ?2, ?3)")
+                    .bind(ticked.meta.event_id.to_string())
+                    .bind(&ticked.event.counter)
+                    .bind(ticked.event.tick as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            })
+        })
+        .build_on(SqliteConsumerStore::new(pool.clone()))
+        .unwrap();
+    let start = Instant::now();
+    if batch == 1 {
+        for message in messages {
+            let outcome = consumer.handle_envelope(message).await.unwrap();
+            assert_eq!(outcome, Outcome::Applied);
+        }
+    } else {
+        for chunk in messages.chunks(batch) {
+            let incoming: Vec<Incoming> = chunk
+                .iter()
+                .map(|m| Incoming::from_envelope(m, 1))
+                .collect();
+            let outcomes = consumer.handle_batch(&incoming).await.unwrap();
+            assert!(outcomes.iter().all(|o| *o == Outcome::Applied));
+        }
+    }
+    let elapsed = start.elapsed();
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM ticks")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(applied as usize, messages.len());
+    elapsed
+}
+
+/// The hand-written consumer: inbox row and business row per message,
+/// `batch` messages per transaction.
+async fn consume_by_hand(pool: &SqlitePool, batch: usize, messages: &[Envelope]) -> Duration {
+    business_table(pool).await;
+    sqlx::query(
+        "CREATE TABLE inbox (consumer TEXT NOT NULL, event_id TEXT NOT NULL,
+                             PRIMARY KEY (consumer, event_id)) WITHOUT ROWID",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let start = Instant::now();
+    for chunk in messages.chunks(batch) {
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        for message in chunk {
+            let id = message.id.to_string();
+            let fresh = sqlx::query(
+                "INSERT INTO inbox (consumer, event_id) VALUES ('bench', ?1) ON CONFLICT DO NOTHING",
+            )
+            .bind(&id)
+            .execute(&mut *tx)
+            .await
+            .unwrap()
+            .rows_affected();
+            if fresh == 0 {
+                continue;
+            }
+            let ticked: Ticked = serde_json::from_str(message.payload.get()).unwrap();
+            sqlx::query("INSERT INTO ticks (event_id, counter, tick) VALUES (?1, ?2, ?3)")
+                .bind(&id)
+                .bind(&ticked.counter)
+                .bind(ticked.tick as i64)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+    start.elapsed()
+}
+
 fn rate(events: usize, elapsed: Duration) -> f64 {
     events as f64 / elapsed.as_secs_f64()
 }
@@ -250,6 +369,22 @@ async fn main() {
     } else {
         2_000
     };
+    let consumed = if full {
+        setting("OUTBOX_BENCH_MESSAGES", 10_000)
+    } else {
+        300
+    };
+    let messages = messages(consumed);
+    let strict = ConsumerOrdering::Strict {
+        park_timeout: Duration::from_secs(60),
+    };
+    let consumer_cases = [
+        ("RejectStale", ConsumerOrdering::RejectStale, 1),
+        ("Strict", strict, 1),
+        ("RejectStale", ConsumerOrdering::RejectStale, 100),
+        ("Strict", strict, 100),
+    ];
+    let mut consumer_ratios: HashMap<(&str, usize), Vec<f64>> = HashMap::new();
     let dir = tempfile::tempdir().unwrap();
     let mut emit_ratios = Vec::new();
     let mut drain_ratios: HashMap<usize, Vec<f64>> = HashMap::new();
@@ -281,12 +416,42 @@ async fn main() {
             );
             drain_ratios.entry(batch).or_default().push(ours / hand);
         }
+        for (name, ordering, batch) in consumer_cases {
+            let hand = rate(
+                consumed,
+                consume_by_hand(&fresh(&dir, "consume-hand").await, batch, &messages).await,
+            );
+            let ours = rate(
+                consumed,
+                consume_ours(
+                    &fresh(&dir, "consume-ours").await,
+                    ordering,
+                    batch,
+                    &messages,
+                )
+                .await,
+            );
+            println!(
+                "round {round} consumer {name} at batch {batch} ({consumed} messages): hand-written {hand:.0}/s, consumer {ours:.0}/s, ratio {:.3}",
+                ours / hand
+            );
+            consumer_ratios
+                .entry((name, batch))
+                .or_default()
+                .push(ours / hand);
+        }
     }
     println!("median emit ratio: {:.3}", median(emit_ratios));
     for batch in [100, 1000] {
         println!(
             "median drain ratio at batch {batch}: {:.3}",
             median(drain_ratios.remove(&batch).unwrap())
+        );
+    }
+    for (name, _, batch) in consumer_cases {
+        println!(
+            "median consumer ratio, {name} at batch {batch}: {:.3}",
+            median(consumer_ratios.remove(&(name, batch)).unwrap())
         );
     }
 }

@@ -136,29 +136,6 @@ fn moved_letter_parts(envelope_json: &str) -> (serde_json::Value, Vec<u8>, Optio
 }
 
 impl SqliteConsumerStore {
-    /// Whether the aggregate's next version after `version` waits parked
-    /// and may start now.
-    async fn successor_parked(
-        conn: &mut SqliteConnection,
-        consumer: &str,
-        aggregate: (&str, &str),
-        version: i64,
-    ) -> sqlx::Result<bool> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (
-                SELECT 1 FROM outbox_consumer_parked
-                WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
-                  AND aggregate_version = ?4 AND (retry_at IS NULL OR retry_at <= ?5))",
-        )
-        .bind(consumer)
-        .bind(aggregate.0)
-        .bind(aggregate.1)
-        .bind(version + 1)
-        .bind(now_ms())
-        .fetch_one(conn)
-        .await
-    }
-
     /// Moves the given parked messages of an aggregate to the dead letters
     /// with `reason`: their inbox rows go (they were never applied, so a
     /// replay can apply them once). Returns how many letters were written.
@@ -455,11 +432,10 @@ impl ConsumerStore for SqliteConsumerStore {
         .execute(&mut *conn)
         .await?;
         let rows = sqlx::query(
-            "SELECT p.aggregate_type, p.aggregate_id, p.version, p.pinned, p.start_version
-             FROM json_each(?2) AS j
-             JOIN outbox_consumer_positions p
-               ON p.consumer_name = ?1 AND p.aggregate_type = j.value ->> 0
-              AND p.aggregate_id = j.value ->> 1",
+            "WITH u (t, i) AS MATERIALIZED (SELECT value ->> 0, value ->> 1 FROM json_each(?2))
+             SELECT p.aggregate_type, p.aggregate_id, p.version, p.pinned, p.start_version
+             FROM u CROSS JOIN outbox_consumer_positions p
+             WHERE p.consumer_name = ?1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i",
         )
         .bind(consumer)
         .bind(&pairs)
@@ -487,33 +463,37 @@ impl ConsumerStore for SqliteConsumerStore {
         if !self.claim_one(conn, consumer, envelope.id).await? {
             return Ok(None);
         }
-        let advanced = sqlx::query(
-            "UPDATE outbox_consumer_positions
+        // Moved when it is the next version, saying in the same statement
+        // whether its successor waits parked.
+        let advanced: Option<bool> = sqlx::query_scalar(
+            "UPDATE outbox_consumer_positions AS p
              SET version = ?4, pinned = 1, updated_at = ?5,
                  start_version = CASE WHEN pinned THEN start_version
                                       ELSE coalesce(start_version, ?4) END
              WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
-               AND version = ?4 - 1",
+               AND version = ?4 - 1
+             RETURNING EXISTS (
+                SELECT 1 FROM outbox_consumer_parked k
+                WHERE k.consumer_name = ?1 AND k.aggregate_type = ?2 AND k.aggregate_id = ?3
+                  AND k.aggregate_version = ?4 + 1 AND (k.retry_at IS NULL OR k.retry_at <= ?5))",
         )
         .bind(consumer)
         .bind(&envelope.aggregate_type)
         .bind(&envelope.aggregate_id)
         .bind(envelope.aggregate_version)
         .bind(now_ms())
-        .execute(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await?;
-        let aggregate = (
-            envelope.aggregate_type.as_str(),
-            envelope.aggregate_id.as_str(),
-        );
-        if advanced.rows_affected() == 1 {
-            let successor_parked =
-                Self::successor_parked(conn, consumer, aggregate, envelope.aggregate_version)
-                    .await?;
+        if let Some(successor_parked) = advanced {
             return Ok(Some(StrictClaim::Advanced { successor_parked }));
         }
         let position = self
-            .lock_position(conn, consumer, aggregate.0, aggregate.1)
+            .lock_position(
+                conn,
+                consumer,
+                &envelope.aggregate_type,
+                &envelope.aggregate_id,
+            )
             .await?;
         Ok(Some(StrictClaim::Locked(position)))
     }
@@ -536,14 +516,24 @@ impl ConsumerStore for SqliteConsumerStore {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<bool> {
-        self.set_position(conn, consumer, envelope).await?;
-        Self::successor_parked(
-            conn,
-            consumer,
-            (&envelope.aggregate_type, &envelope.aggregate_id),
-            envelope.aggregate_version,
+        let ready: Option<bool> = sqlx::query_scalar(
+            "UPDATE outbox_consumer_positions
+             SET version = ?4, pinned = 1, updated_at = ?5,
+                 start_version = CASE WHEN pinned THEN start_version ELSE coalesce(start_version, ?4) END
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
+             RETURNING EXISTS (
+                SELECT 1 FROM outbox_consumer_parked k
+                WHERE k.consumer_name = ?1 AND k.aggregate_type = ?2 AND k.aggregate_id = ?3
+                  AND k.aggregate_version = ?4 + 1 AND (k.retry_at IS NULL OR k.retry_at <= ?5))",
         )
-        .await
+        .bind(consumer)
+        .bind(&envelope.aggregate_type)
+        .bind(&envelope.aggregate_id)
+        .bind(envelope.aggregate_version)
+        .bind(now_ms())
+        .fetch_optional(conn)
+        .await?;
+        Ok(ready.unwrap_or(false))
     }
 
     /// The moved positions in one statement, the parked messages in
@@ -565,12 +555,13 @@ impl ConsumerStore for SqliteConsumerStore {
         )
         .to_string();
         sqlx::query(
-            "UPDATE outbox_consumer_positions AS p
+            "WITH u (t, i, v, first) AS MATERIALIZED (
+                SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3 FROM json_each(?2))
+             UPDATE outbox_consumer_positions AS p
              SET version = u.v, pinned = 1, updated_at = ?3,
                  start_version = CASE WHEN p.pinned THEN p.start_version
                                       ELSE coalesce(p.start_version, u.first) END
-             FROM (SELECT value ->> 0 AS t, value ->> 1 AS i, value ->> 2 AS v, value ->> 3 AS first
-                   FROM json_each(?2)) AS u
+             FROM u
              WHERE p.consumer_name = ?1 AND p.aggregate_type = u.t AND p.aggregate_id = u.i",
         )
         .bind(consumer)
@@ -610,8 +601,9 @@ impl ConsumerStore for SqliteConsumerStore {
             .await?;
         }
         sqlx::query_as(
-            "SELECT u.t, u.i
-             FROM (SELECT value ->> 0 AS t, value ->> 1 AS i, value ->> 2 AS v FROM json_each(?2)) AS u
+            "WITH u (t, i, v) AS MATERIALIZED (
+                SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?2))
+             SELECT u.t, u.i FROM u
              WHERE EXISTS (
                 SELECT 1 FROM outbox_consumer_parked k
                 WHERE k.consumer_name = ?1 AND k.aggregate_type = u.t AND k.aggregate_id = u.i
