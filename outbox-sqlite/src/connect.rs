@@ -45,10 +45,14 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
 }
 
 /// A pool over `url` with [`connect_options`]; eight connections at most
-/// (SQLite writes one transaction at a time, whatever the pool size).
+/// (SQLite writes one transaction at a time, whatever the pool size), and
+/// no ping before each acquire: a SQLite connection is a file handle in
+/// this process, not a socket that can go stale, and sqlx's ping is a
+/// round trip to the connection's worker thread on every transaction.
 pub async fn connect(url: &str) -> Result<SqlitePool, sqlx::Error> {
     SqlitePoolOptions::new()
         .max_connections(8)
+        .test_before_acquire(false)
         .connect_with(connect_options(url)?)
         .await
 }

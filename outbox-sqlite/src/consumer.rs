@@ -54,6 +54,44 @@ const ROLLED_BACK: &str = "the handler returned Ok, but SQLite had rolled its tr
 /// built with `ConsumerBuilder::for_connection(name) … .build_on(store)`
 /// runs on. Handlers receive `&mut SqliteConnection`. The tables come
 /// from [`crate::migrate`].
+///
+/// ```no_run
+/// # use outbox_core::OutboxEvent;
+/// # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
+/// # #[outbox(event_type = "order.created", version = 1, aggregate = "order")]
+/// # struct OrderCreated { #[outbox(aggregate_id)] order_id: String }
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// use outbox_core::consumer::{ConsumerBuilder, Ordering};
+/// use outbox_core::relay::RelayConfig;
+/// use outbox_core::transport::InProcessBus;
+/// use sqlx::SqliteConnection;
+///
+/// let pool = outbox_sqlite::connect("sqlite://app.db").await?;
+/// outbox_sqlite::migrate(&pool).await?;
+/// sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT PRIMARY KEY)")
+///     .execute(&pool)
+///     .await?;
+/// let consumer = ConsumerBuilder::<SqliteConnection>::for_connection("billing")
+///     .ordering(Ordering::Strict { park_timeout: Duration::from_secs(60) })
+///     .on_fn::<OrderCreated, _>(|order, tx| {
+///         Box::pin(async move {
+///             sqlx::query("INSERT INTO invoices (order_id) VALUES (?1)")
+///                 .bind(&order.event.order_id)
+///                 .execute(&mut *tx)
+///                 .await?;
+///             Ok(())
+///         })
+///     })
+///     .build_on(outbox_sqlite::SqliteConsumerStore::new(pool.clone()))?;
+/// let bus = InProcessBus::new();
+/// let task = consumer.spawn(bus.subscribe("billing"));
+/// let relay = outbox_sqlite::start_relay(pool, bus.transport(), RelayConfig::default()).await?;
+/// # relay.drain(Duration::from_secs(5)).await?;
+/// # task.drain(Duration::from_secs(5)).await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct SqliteConsumerStore {
     pool: SqlitePool,
