@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::audit::RepairRequest;
 use outbox_core::ops::format::{ErrorGroup, GROUP_SCAN, error_fingerprint, group_by_error};
-use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord, Ops, Page, RepairReport};
+use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord, LetterStore, Page, RepairReport};
 use serde::Serialize;
 
 use crate::args::{LetterAction, LetterFilterArgs, LetterRepairArgs};
@@ -31,7 +31,7 @@ pub(crate) struct Scan {
 /// keeping those whose reason has `fingerprint` (every one without), until
 /// `want` are kept or `max_read` were read.
 pub(crate) async fn scan_letters(
-    ops: &Ops,
+    ops: &impl LetterStore,
     mut filter: LetterFilter,
     fingerprint: Option<&str>,
     want: usize,
@@ -239,7 +239,7 @@ pub(crate) fn print_letter(out: &Output, letter: &LetterRecord) {
 }
 
 pub(crate) async fn letters(
-    ops: &Ops,
+    ops: &impl LetterStore,
     out: &Output,
     consumer: &str,
     kind: LetterKind,
@@ -364,7 +364,7 @@ pub(crate) fn letter_filter_of(
 /// filters with an explicit limit and a confirmation. The reason is checked
 /// first, so a repair without one is refused before anything is read.
 pub(crate) async fn select_letters(
-    ops: &Ops,
+    ops: &impl LetterStore,
     consumer: &str,
     kind: LetterKind,
     select: LetterRepairArgs,
@@ -445,7 +445,7 @@ pub(crate) async fn select_letters(
 /// already applied or an ignored type count as done), did not run in
 /// time, or a letter could not be requested (closed or unknown).
 pub(crate) async fn wait_for_replays(
-    ops: &Ops,
+    ops: &impl LetterStore,
     out: &Output,
     consumer: &str,
     report: &RepairReport,

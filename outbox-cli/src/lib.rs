@@ -16,9 +16,10 @@
 //! (`mysql://…`, the `outbox-mysql` store). On SQLite and MySQL the relay's
 //! commands run through [`outbox_core::ops::OperationsStore`] unchanged
 //! (`status`, `failed`, `events`, `blocked`, `audit`, `cleanup`,
-//! `migrate`); the consumer's (`quarantine`, `dead-letters`, `positions`)
-//! exit 2 with the reason: SQLite keeps the consumer's tables but its
-//! operations API does not read them yet, MySQL keeps none.
+//! `migrate`); on SQLite the consumer's (`quarantine`, `dead-letters`,
+//! `positions`) run through [`outbox_core::ops::LetterStore`] as on
+//! PostgreSQL, on MySQL they exit 2 with the reason: that store keeps no
+//! consumer tables yet.
 //!
 //! The tool shows payloads through the contracts linked into it: fields
 //! marked `#[outbox(redact)]` are masked, and event types it has no
@@ -58,7 +59,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use outbox_core::ops::{LetterKind, OperationsStore, Ops, Redaction, StatusOptions};
+use outbox_core::ops::{LetterKind, LetterStore, OperationsStore, Ops, Redaction, StatusOptions};
 use outbox_core::store::SchemaName;
 use sqlx::postgres::PgPoolOptions;
 
@@ -177,10 +178,23 @@ async fn execute(cli: Cli) -> Outcome {
         .with_failed_head_policy(failed_heads);
     match cli.command {
         Command::Console(args) => console::serve(ops, args).await,
+        command => store_command(&ops, &out, command).await,
+    }
+}
+
+/// Runs a command on a store that keeps a consumer's tables too
+/// (PostgreSQL, SQLite): the consumer's commands through [`LetterStore`],
+/// the rest through [`relay_command`].
+pub(crate) async fn store_command<O: OperationsStore + LetterStore>(
+    ops: &O,
+    out: &Output,
+    command: Command,
+) -> Outcome {
+    match command {
         Command::Quarantine { consumer, action } => {
             letters(
-                &ops,
-                &out,
+                ops,
+                out,
                 &required_consumer(consumer)?,
                 LetterKind::Quarantined,
                 action,
@@ -189,8 +203,8 @@ async fn execute(cli: Cli) -> Outcome {
         }
         Command::DeadLetters { consumer, action } => {
             letters(
-                &ops,
-                &out,
+                ops,
+                out,
                 &required_consumer(consumer)?,
                 LetterKind::DeadLettered,
                 action,
@@ -198,15 +212,16 @@ async fn execute(cli: Cli) -> Outcome {
             .await
         }
         Command::Positions { consumer, action } => {
-            positions(&ops, &out, &required_consumer(consumer)?, action).await
+            positions(ops, out, &required_consumer(consumer)?, action).await
         }
-        command => relay_command(&ops, &out, command).await,
+        command => relay_command(ops, out, command).await,
     }
 }
 
 /// Runs a command on the relay's side of any store (status, events,
 /// blocked aggregates, the audit, repairs, cleanup). The consumer's
-/// commands are refused here: on PostgreSQL they are run before this.
+/// commands are refused here: on stores with consumer tables
+/// [`store_command`] runs them before this.
 pub(crate) async fn relay_command<O: OperationsStore>(
     ops: &O,
     out: &Output,
@@ -258,7 +273,7 @@ pub(crate) async fn relay_command<O: OperationsStore>(
             cleanup(ops, out, &plan, &who).await
         }
         Command::Quarantine { .. } | Command::DeadLetters { .. } | Command::Positions { .. } => {
-            Err("quarantine, dead letters and positions are a consumer's tables, which this tool reads on PostgreSQL only so far (the SQLite store keeps them, but its operations API does not read them yet; the MySQL store keeps none): on SQLite, query outbox_dead_letters and outbox_consumer_positions in the file directly".to_owned())
+            Err("quarantine, dead letters and positions are a consumer's tables, which this store does not keep (the MySQL store has the relay's side only so far): run consumers on PostgreSQL or SQLite".to_owned())
         }
         Command::Migrate | Command::Registry { .. } | Command::Console(_) => Ok(EXIT_OK),
     }

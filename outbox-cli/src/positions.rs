@@ -1,6 +1,6 @@
 //! `positions`: a strict consumer's position on one aggregate, and passing a version the producer skipped.
 
-use outbox_core::ops::Ops;
+use outbox_core::ops::LetterStore;
 
 use crate::args::PositionAction;
 use crate::output::{Output, ops_error, print_report, request};
@@ -8,7 +8,7 @@ use crate::table::when;
 use crate::{EXIT_OK, Outcome};
 
 pub(crate) async fn positions(
-    ops: &Ops,
+    ops: &impl LetterStore,
     out: &Output,
     consumer: &str,
     action: PositionAction,

@@ -8,7 +8,7 @@ use outbox_core::relay::FailedHeadPolicy;
 use crate::args::Command;
 use crate::output::Output;
 use crate::{EXIT_OK, Outcome};
-use crate::{console, relay_command};
+use crate::{console, relay_command, store_command};
 
 /// Whether `url` names a SQLite database (`sqlite://file.db`,
 /// `sqlite:file.db`, `sqlite::memory:`).
@@ -18,9 +18,8 @@ pub(crate) fn is_sqlite_url(url: &str) -> bool {
 
 /// The commands on a SQLite outbox: `migrate` creates the file and its
 /// tables; every other command needs a migrated file (a mistyped path is
-/// an error, not a new empty database). The consumer's commands are
-/// refused: the SQLite store keeps the consumer's tables, but its
-/// operations API does not read them yet.
+/// an error, not a new empty database). The consumer's commands run on
+/// the file's consumer tables as on PostgreSQL.
 pub(crate) async fn sqlite(
     url: &str,
     command: Command,
@@ -88,7 +87,7 @@ pub(crate) async fn sqlite(
         .with_failed_head_policy(failed_heads);
     match command {
         Command::Console(args) => console::serve(ops, args).await,
-        command => relay_command(&ops, out, command).await,
+        command => store_command(&ops, out, command).await,
     }
 }
 

@@ -21,10 +21,9 @@ pub enum ConsoleError {
     /// CSRF token, a POST from another site).
     #[error("forbidden: {0}")]
     Forbidden(String),
-    /// The console cannot read this store's letters: SQLite keeps them
-    /// but its operations API does not read them yet; MySQL keeps none.
+    /// The store keeps no consumer tables (MySQL does not yet).
     #[error(
-        "the console reads letters and replays on PostgreSQL only so far (the SQLite store keeps them, but its operations API does not read them yet; the MySQL store keeps no consumer tables)"
+        "this store keeps no consumer tables (the MySQL store has the relay's side only so far): letters and replays exist on PostgreSQL and SQLite"
     )]
     NoConsumerTables,
 }

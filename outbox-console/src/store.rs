@@ -1,8 +1,8 @@
 //! What the console needs of a store: the relay side of the operations
-//! seam ([`OperationsStore`]) and, where the store's operations API reads
-//! them, the consumer's letters. PostgreSQL ([`Ops`]) does; SQLite (which
-//! keeps the tables) and MySQL (which keeps none) do not yet, and their
-//! consoles say so instead of showing empty lists.
+//! seam ([`OperationsStore`]) and, where the store keeps a consumer's
+//! tables, the consumer's letters ([`outbox_core::ops::LetterStore`]):
+//! PostgreSQL ([`Ops`]) and SQLite do; MySQL keeps none yet, and its
+//! console says so instead of showing empty lists.
 
 use std::future::Future;
 
@@ -15,8 +15,8 @@ use crate::ConsoleError;
 
 /// A store the console can serve. Cheap to clone (a pool inside).
 pub trait ConsoleStore: OperationsStore + Clone + Send + Sync + 'static {
-    /// Whether the console can read this store's consumer tables
-    /// (letters, replays). When false the letter methods are never called.
+    /// Whether this store keeps consumer tables (letters, replays). When
+    /// false the letter methods are never called.
     fn keeps_letters(&self) -> bool;
 
     /// A consumer's letters, filtered, oldest first.
@@ -51,43 +51,65 @@ pub trait ConsoleStore: OperationsStore + Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<RepairReport, ConsoleError>> + Send;
 }
 
-impl ConsoleStore for Ops {
-    fn keeps_letters(&self) -> bool {
-        true
-    }
+/// Implements [`ConsoleStore`] for a store that keeps a consumer's tables,
+/// through its [`LetterStore`](outbox_core::ops::LetterStore).
+macro_rules! with_letters {
+    ($ops:ty) => {
+        impl ConsoleStore for $ops {
+            fn keeps_letters(&self) -> bool {
+                true
+            }
 
-    async fn letters(&self, filter: &LetterFilter) -> Result<Page<LetterRecord>, ConsoleError> {
-        Ok(Ops::letters(self, filter).await?)
-    }
+            async fn letters(
+                &self,
+                filter: &LetterFilter,
+            ) -> Result<Page<LetterRecord>, ConsoleError> {
+                Ok(outbox_core::ops::LetterStore::letters(self, filter).await?)
+            }
 
-    async fn letter(&self, consumer: &str, id: i64) -> Result<Option<LetterRecord>, ConsoleError> {
-        Ok(Ops::letter(self, consumer, id).await?)
-    }
+            async fn letter(
+                &self,
+                consumer: &str,
+                id: i64,
+            ) -> Result<Option<LetterRecord>, ConsoleError> {
+                Ok(outbox_core::ops::LetterStore::letter(self, consumer, id).await?)
+            }
 
-    async fn request_replay(
-        &self,
-        consumer: &str,
-        kind: LetterKind,
-        ids: &[i64],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, ConsoleError> {
-        Ok(Ops::request_replay(self, consumer, kind, ids, request).await?)
-    }
+            async fn request_replay(
+                &self,
+                consumer: &str,
+                kind: LetterKind,
+                ids: &[i64],
+                request: &RepairRequest,
+            ) -> Result<RepairReport, ConsoleError> {
+                Ok(outbox_core::ops::LetterStore::request_replay(
+                    self, consumer, kind, ids, request,
+                )
+                .await?)
+            }
 
-    async fn discard(
-        &self,
-        consumer: &str,
-        kind: LetterKind,
-        ids: &[i64],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, ConsoleError> {
-        Ok(Ops::discard(self, consumer, kind, ids, request).await?)
-    }
+            async fn discard(
+                &self,
+                consumer: &str,
+                kind: LetterKind,
+                ids: &[i64],
+                request: &RepairRequest,
+            ) -> Result<RepairReport, ConsoleError> {
+                Ok(
+                    outbox_core::ops::LetterStore::discard(self, consumer, kind, ids, request)
+                        .await?,
+                )
+            }
+        }
+    };
 }
 
-/// Implements [`ConsoleStore`] for a store whose letters the console
-/// cannot read.
-#[cfg(any(feature = "sqlite", feature = "mysql"))]
+with_letters!(Ops);
+#[cfg(feature = "sqlite")]
+with_letters!(outbox_sqlite::SqliteOps);
+
+/// Implements [`ConsoleStore`] for a store without a consumer's tables.
+#[cfg(feature = "mysql")]
 macro_rules! without_letters {
     ($ops:ty) => {
         impl ConsoleStore for $ops {
@@ -126,7 +148,5 @@ macro_rules! without_letters {
     };
 }
 
-#[cfg(feature = "sqlite")]
-without_letters!(outbox_sqlite::SqliteOps);
 #[cfg(feature = "mysql")]
 without_letters!(outbox_mysql::MySqlOps);

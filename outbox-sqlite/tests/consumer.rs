@@ -19,7 +19,7 @@ use outbox_core::consumer::{
     Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Ordering, Outcome,
     ReplayOutcome, RetryPolicy,
 };
-use outbox_core::ops::{Status, StatusOptions};
+use outbox_core::ops::{LetterKind, Status, StatusOptions};
 use outbox_core::relay::{Backoff, RelayConfig};
 use outbox_core::transport::InProcessBus;
 use outbox_sqlite::{SqliteConsumerStore, SqliteOps, SqliteOutbox};
@@ -453,6 +453,63 @@ async fn a_dead_letter_is_replayed_once_after_the_fix_with_an_audit_row() {
     let again = consumer.replay(&[letter_id], &request).await.unwrap();
     assert_ne!(again.letters[0].1, ReplayOutcome::Applied);
     assert_eq!(applied(&db.pool, "ledger", "b9").await, vec![1]);
+}
+
+#[tokio::test]
+async fn an_operators_replay_request_is_run_by_the_consumer_and_audited() {
+    let db = setup().await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let consumer = consumer(
+        &db.pool,
+        "ledger",
+        ConsumerConfig {
+            sweep_interval: Duration::from_millis(100),
+            ..config(STRICT)
+        },
+        broken.clone(),
+    );
+    let poison = Envelope::for_event(&Noted::new("b9", "poison"), 1).unwrap();
+    for attempt in 1..=3 {
+        consumer
+            .handle(&Incoming::from_envelope(&poison, attempt))
+            .await
+            .unwrap();
+    }
+    let letter_id = scalar(&db.pool, "SELECT id FROM outbox_dead_letters").await;
+    broken.store(false, AtomicOrdering::SeqCst);
+    let ops = SqliteOps::new(db.pool.clone());
+    let request = RepairRequest::new("ops", "ledger reopened").unwrap();
+    let asked = ops
+        .request_replay("ledger", LetterKind::DeadLettered, &[letter_id], &request)
+        .await
+        .unwrap();
+    assert_eq!(asked.outcomes[0].outcome, "replay_requested");
+    let (sender, source) = outbox_core::consumer::channel();
+    let task = consumer.spawn(source);
+    wait_for(
+        "the running consumer takes the request",
+        Duration::from_secs(10),
+        || async {
+            scalar(
+                &db.pool,
+                "SELECT count(*) FROM outbox_dead_letters WHERE resolved_at IS NOT NULL",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    drop(sender);
+    task.drain(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(applied(&db.pool, "ledger", "b9").await, vec![1]);
+    let letter = ops.letter("ledger", letter_id).await.unwrap().unwrap();
+    assert_eq!(letter.resolution.as_deref(), Some("replayed: applied"));
+    let audit = ops.audit_entry(asked.audit_id).await.unwrap().unwrap();
+    let outcomes = serde_json::to_string(&audit.outcomes).unwrap();
+    assert!(
+        outcomes.contains("replay_requested") && outcomes.contains("applied"),
+        "{outcomes}"
+    );
 }
 
 #[tokio::test]

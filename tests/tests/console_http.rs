@@ -817,7 +817,7 @@ async fn requests_without_an_operator_see_nothing() {
 }
 
 #[tokio::test]
-async fn a_sqlite_outbox_is_served_and_says_it_keeps_no_letters() {
+async fn a_sqlite_outbox_is_served_with_its_letters() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("app.db").display());
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
@@ -850,6 +850,26 @@ async fn a_sqlite_outbox_is_served_and_says_it_keeps_no_letters() {
     .execute(&pool)
     .await
     .unwrap();
+    let letter_id: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox_dead_letters (consumer_name, kind, event_id, event_type, schema_version,
+             aggregate_type, aggregate_id, aggregate_version, headers, payload, reason, attempts, created_at)
+         VALUES ('billing', 'dead_lettered', ?1, 'card.charged', 1, 'card', 'ch-9', 1, '{}', ?2,
+                 'the card processor refused the charge', 5, ?3)
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7().to_string())
+    .bind(
+        serde_json::to_vec(&CardCharged {
+            charge_id: "ch-9".into(),
+            card_number: SECRET,
+            amount_cents: 5,
+        })
+        .unwrap(),
+    )
+    .bind(now_ms)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     let ops = outbox_sqlite::SqliteOps::new(pool.clone());
     let router = Console::new(ops.clone(), Identify::fixed("ada")).router();
     let status = get(&router, "/").await.expect(StatusCode::OK);
@@ -861,14 +881,45 @@ async fn a_sqlite_outbox_is_served_and_says_it_keeps_no_letters() {
     no_secret("sqlite event", &event.body);
     let letters = get(&router, "/consumers/billing/dead_lettered")
         .await
-        .expect(StatusCode::NOT_FOUND);
+        .expect(StatusCode::OK);
     assert!(
         letters
             .body
-            .contains("reads letters and replays on PostgreSQL only"),
+            .contains("the card processor refused the charge"),
         "{}",
         letters.body
     );
+    no_secret("sqlite letters", &letters.body);
+    let shown = get(
+        &router,
+        &format!("/consumers/billing/dead_lettered/{letter_id}"),
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(shown.body.contains("[REDACTED]"), "{}", shown.body);
+    no_secret("a sqlite letter", &shown.body);
+    let discarded = post(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "discard"),
+            ("consumer", "billing"),
+            ("kind", "dead_lettered"),
+            ("id", &letter_id.to_string()),
+            ("csrf", &shown.csrf()),
+            ("reason", "refund handled by hand"),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(discarded.body.contains(">discarded<"), "{}", discarded.body);
+    let resolution: String =
+        sqlx::query_scalar("SELECT resolution FROM outbox_dead_letters WHERE id = ?1")
+            .bind(letter_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(resolution, "discarded by ada: refund handled by hand");
     let done = post(
         &router,
         "/actions/run",
@@ -892,6 +943,7 @@ async fn a_sqlite_outbox_is_served_and_says_it_keeps_no_letters() {
     assert!(failed.items.is_empty(), "retried on SQLite");
     let audit = ops.audit(None, None).await.unwrap();
     assert_eq!(audit.items[0].operator, "ada");
+    assert_eq!(audit.items[1].action, "consumer.discard");
 }
 
 /// Starts `outbox console` on `listen` with `env` (stdout and stderr piped).

@@ -332,6 +332,24 @@ impl<S: ConsumerStore> Consumer<S> {
     ) -> Result<ReplayOutcome, ConsumerError> {
         let sql = &self.inner.store;
         let name = &*self.inner.name;
+        // Under strict ordering a version 1 fixes its aggregate's start,
+        // committed on its own before the replay's transaction begins (as
+        // on the main path, before the handler can start): a single-writer
+        // store could not commit it on another connection while that
+        // transaction holds the write lock.
+        if self.is_strict() {
+            let peeked = {
+                let mut conn = self.acquire().await?;
+                sql.lock_letter(&mut conn, name, letter_id)
+                    .await
+                    .map_err(self.db_error("reading a letter"))?
+            };
+            if let Some(stored) = peeked
+                && let Prepared::Ready { envelope, .. } = self.prepare(&incoming_of(stored))
+            {
+                self.pin_first_starts([&envelope]).await?;
+            }
+        }
         let mut tx = self.begin().await?;
         let Some(stored) = sql
             .lock_letter(&mut tx, name, letter_id)
@@ -346,15 +364,7 @@ impl<S: ConsumerStore> Consumer<S> {
                 .map_err(self.db_error("committing a replay"))?;
             return Ok(ReplayOutcome::NotFound);
         };
-        let attributes =
-            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&stored.headers)
-                .map(|map| {
-                    map.into_iter()
-                        .filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned())))
-                        .collect()
-                })
-                .unwrap_or_default();
-        let incoming = Incoming::new(attributes, stored.payload, 1);
+        let incoming = incoming_of(stored);
         let resolve = |outcome: &ReplayOutcome| format!("replayed: {}", outcome.label());
         let (outcome, drain) = match self.prepare(&incoming) {
             Prepared::Unreadable { reason, .. } => {
@@ -397,9 +407,7 @@ impl<S: ConsumerStore> Consumer<S> {
                 dispatch,
                 decoded,
             } => {
-                // Committed on its own before the handler can start, as on
-                // the main path.
-                self.pin_first_starts([&envelope]).await?;
+                // Its start was fixed before the transaction (above).
                 if !self.claim_for_replay(&mut tx, envelope.id).await? {
                     (ReplayOutcome::AlreadyApplied, None)
                 } else {
@@ -489,4 +497,18 @@ impl<S: ConsumerStore> Consumer<S> {
         }
         Ok(outcome)
     }
+}
+
+/// A letter's message as it arrived: its stored attributes and payload, as
+/// a first delivery.
+fn incoming_of(stored: super::store::StoredLetter) -> Incoming {
+    let attributes =
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&stored.headers)
+            .map(|map| {
+                map.into_iter()
+                    .filter_map(|(k, v)| v.as_str().map(|v| (k, v.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+    Incoming::new(attributes, stored.payload, 1)
 }

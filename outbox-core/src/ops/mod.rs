@@ -51,7 +51,7 @@ use sqlx::PgPool;
 
 pub use records::{
     AuditRecord, EventFilter, EventRecord, EventStatus, LetterFilter, LetterKind, LetterRecord,
-    Page, page_limit,
+    Page, PositionRecord, page_limit,
 };
 pub use redaction::Redaction;
 pub use repair::{Cleanup, CleanupReport, DEFAULT_KEY_RETENTION, IdOutcome, RepairReport};
@@ -59,7 +59,7 @@ pub use status::{
     Backlog, BlockedRecord, ConsumerStatus, EventTypeBacklog, RelayWorkerStatus, Status,
     StatusOptions, status_problems,
 };
-pub use store::{CleanupProgress, OperationsStore};
+pub use store::{CleanupProgress, LetterStore, OperationsStore};
 
 use crate::audit::RepairError;
 use crate::store::SchemaName;

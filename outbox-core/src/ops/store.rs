@@ -6,9 +6,11 @@
 //! implements it gets `status`, `failed`, `events`, `blocked`, `audit` and
 //! `cleanup`.
 //!
-//! The consumer's side (letters, positions, replays) is not part of the
-//! seam yet: only the PostgreSQL store keeps consumer tables
-//! ([`Ops::letters`], [`Ops::request_replay`], …).
+//! The consumer's side (letters, positions, replay requests, passing a
+//! version) is [`LetterStore`], implemented by the stores that keep
+//! consumer tables ([`Ops`] and `outbox_sqlite::SqliteOps`); the CLI's
+//! `quarantine`, `dead-letters` and `positions` commands are written
+//! against it.
 //!
 //! Every method returns a `Send` future, so a generic caller can run it on
 //! a multi-threaded runtime (it borrows its arguments: wrap it in an
@@ -19,8 +21,9 @@ use std::future::Future;
 use uuid::Uuid;
 
 use super::{
-    AuditRecord, BlockedRecord, Cleanup, CleanupReport, EventFilter, EventRecord, Ops, OpsError,
-    Page, RepairReport, Status, StatusOptions,
+    AuditRecord, BlockedRecord, Cleanup, CleanupReport, EventFilter, EventRecord, LetterFilter,
+    LetterKind, LetterRecord, Ops, OpsError, Page, PositionRecord, RepairReport, Status,
+    StatusOptions,
 };
 use crate::audit::RepairRequest;
 
@@ -96,6 +99,132 @@ pub trait OperationsStore: Send + Sync {
         request: &RepairRequest,
         progress: CleanupProgress<'_>,
     ) -> impl Future<Output = Result<CleanupReport, OpsError>> + Send;
+}
+
+/// The consumer's side of the operations API, for stores that keep consumer
+/// tables. Each method means what the method of the same name on [`Ops`]
+/// documents: the same filters, pages (payloads redacted), outcomes and
+/// audit rows.
+pub trait LetterStore: Send + Sync {
+    /// A consumer's letters of one kind, filtered, oldest first.
+    fn letters(
+        &self,
+        filter: &LetterFilter,
+    ) -> impl Future<Output = Result<Page<LetterRecord>, OpsError>> + Send;
+
+    /// One letter of a consumer by id.
+    fn letter(
+        &self,
+        consumer: &str,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<LetterRecord>, OpsError>> + Send;
+
+    /// A consumer's position on one aggregate.
+    fn position(
+        &self,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> impl Future<Output = Result<Option<PositionRecord>, OpsError>> + Send;
+
+    /// Moves a strict consumer's position past a version the producer
+    /// skipped, only from the version before (audited).
+    fn pass_version(
+        &self,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        version: i64,
+        request: &RepairRequest,
+    ) -> impl Future<Output = Result<RepairReport, OpsError>> + Send;
+
+    /// Asks the running consumer to replay open letters (audited; the
+    /// consumer appends each outcome to the audit row).
+    fn request_replay(
+        &self,
+        consumer: &str,
+        kind: LetterKind,
+        letter_ids: &[i64],
+        request: &RepairRequest,
+    ) -> impl Future<Output = Result<RepairReport, OpsError>> + Send;
+
+    /// Closes open letters without running them (audited).
+    fn discard(
+        &self,
+        consumer: &str,
+        kind: LetterKind,
+        letter_ids: &[i64],
+        request: &RepairRequest,
+    ) -> impl Future<Output = Result<RepairReport, OpsError>> + Send;
+
+    /// One audit row (a replay request's, with the outcomes the consumer
+    /// appended when it ran them).
+    fn audit_entry(
+        &self,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<AuditRecord>, OpsError>> + Send;
+}
+
+impl LetterStore for Ops {
+    async fn letters(&self, filter: &LetterFilter) -> Result<Page<LetterRecord>, OpsError> {
+        Ops::letters(self, filter).await
+    }
+
+    async fn letter(&self, consumer: &str, id: i64) -> Result<Option<LetterRecord>, OpsError> {
+        Ops::letter(self, consumer, id).await
+    }
+
+    async fn position(
+        &self,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Option<PositionRecord>, OpsError> {
+        Ops::position(self, consumer, aggregate_type, aggregate_id).await
+    }
+
+    async fn pass_version(
+        &self,
+        consumer: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        version: i64,
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        Ops::pass_version(
+            self,
+            consumer,
+            aggregate_type,
+            aggregate_id,
+            version,
+            request,
+        )
+        .await
+    }
+
+    async fn request_replay(
+        &self,
+        consumer: &str,
+        kind: LetterKind,
+        letter_ids: &[i64],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        Ops::request_replay(self, consumer, kind, letter_ids, request).await
+    }
+
+    async fn discard(
+        &self,
+        consumer: &str,
+        kind: LetterKind,
+        letter_ids: &[i64],
+        request: &RepairRequest,
+    ) -> Result<RepairReport, OpsError> {
+        Ops::discard(self, consumer, kind, letter_ids, request).await
+    }
+
+    async fn audit_entry(&self, id: i64) -> Result<Option<AuditRecord>, OpsError> {
+        Ops::audit_entry(self, id).await
+    }
 }
 
 /// Implements [`OperationsStore`] for a store's operations type by calling

@@ -1,11 +1,14 @@
-//! The operations API over the SQLite outbox: the relay side of
+//! The operations API over the SQLite outbox: the relay side,
 //! [`outbox_core::ops::OperationsStore`] (status, listings, blocked
-//! aggregates, the audit log, the relay's repairs, retention), with the same
-//! records, filters, pages, reports and outcomes as the PostgreSQL store's
-//! [`outbox_core::ops::Ops`], so the `outbox` CLI runs its relay commands
-//! on a SQLite file unchanged.
+//! aggregates, the audit log, the relay's repairs, retention), and the
+//! consumer's, [`outbox_core::ops::LetterStore`] (letters, positions,
+//! replay requests, discards, passing a version), with the same records,
+//! filters, pages, reports and outcomes as the PostgreSQL store's
+//! [`outbox_core::ops::Ops`], so the `outbox` CLI runs on a SQLite file
+//! unchanged.
 
 mod cleanup;
+mod letters;
 mod reads;
 mod repair;
 

@@ -232,6 +232,22 @@ impl SqliteOps {
             .map_err(database("reading blocked aggregates"))
     }
 
+    /// One audit row.
+    pub async fn audit_entry(&self, id: i64) -> Result<Option<AuditRecord>, OpsError> {
+        sqlx::query(
+            "SELECT id, at, operator, reason, action, target, ids, outcomes FROM outbox_audit
+             WHERE id = ?1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(database("reading an audit row"))?
+        .as_ref()
+        .map(audit_record)
+        .transpose()
+        .map_err(database("reading an audit row"))
+    }
+
     /// Audit rows, newest first; `before` is a page's `next`.
     pub async fn audit(
         &self,
