@@ -1,10 +1,11 @@
-//! The consumer engine of `outbox-core` on `SqliteConsumerStore`: the
-//! inbox (duplicates, two instances racing one event), the ordering
-//! policies with versions out of order, a gap that never closes, a failed
-//! start under `Strict` (rolled back, recorded, applied on redelivery),
-//! dead letters and their audited replay, quarantine, batches, and the
-//! whole path from emit through the SQLite relay and the in-process bus to
-//! consumers on the same file.
+//! The consumer engine of `outbox-core` on `SqliteConsumerStore`, where
+//! SQLite differs from PostgreSQL: two instances on two pools racing one
+//! event, a failed `Strict` start rolled
+//! back to the message's savepoint with its retry record, a transaction
+//! SQLite ended under a handler, an operator's replay request, batches, and
+//! the whole path from emit through the SQLite relay and the in-process bus
+//! to consumers on the same file. The cases every store shares are in
+//! `tests/src/consumer_conformance.rs`.
 
 mod common;
 
@@ -17,7 +18,7 @@ use outbox_core::Envelope;
 use outbox_core::audit::RepairRequest;
 use outbox_core::consumer::{
     Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Ordering, Outcome,
-    ReplayOutcome, RetryPolicy,
+    RetryPolicy,
 };
 use outbox_core::ops::{LetterKind, Status, StatusOptions};
 use outbox_core::relay::{Backoff, RelayConfig};
@@ -166,134 +167,6 @@ async fn a_redelivery_and_two_instances_racing_one_event_take_effect_once() {
 }
 
 #[tokio::test]
-async fn versions_1_3_2_under_each_policy() {
-    let db = setup().await;
-    for (name, ordering, expected, effects) in [
-        (
-            "unordered",
-            Ordering::Unordered,
-            vec![Outcome::Applied; 3],
-            vec![1, 3, 2],
-        ),
-        (
-            "stale",
-            Ordering::RejectStale,
-            vec![
-                Outcome::Applied,
-                Outcome::Applied,
-                Outcome::Stale { position: None },
-            ],
-            vec![1, 3],
-        ),
-        (
-            "strict",
-            STRICT,
-            vec![
-                Outcome::Applied,
-                Outcome::Parked { waiting_for: 2 },
-                Outcome::Applied,
-            ],
-            vec![1, 2, 3],
-        ),
-    ] {
-        let consumer = consumer(&db.pool, name, config(ordering), Arc::default());
-        let mut outcomes = Vec::new();
-        for version in [1, 3, 2] {
-            outcomes.push(
-                consumer
-                    .handle_envelope(&note("b1", version))
-                    .await
-                    .unwrap(),
-            );
-        }
-        assert_eq!(outcomes, expected, "{name}");
-        assert_eq!(applied(&db.pool, name, "b1").await, effects, "{name}");
-    }
-    assert_eq!(
-        scalar(&db.pool, "SELECT count(*) FROM outbox_consumer_parked").await,
-        0,
-        "the parked version 3 was applied and removed"
-    );
-}
-
-#[tokio::test]
-async fn a_strict_gap_that_never_closes_ends_in_dead_letters_naming_the_missing_version() {
-    let db = setup().await;
-    let consumer = consumer(
-        &db.pool,
-        "gap",
-        config(Ordering::Strict {
-            park_timeout: Duration::from_millis(800),
-        }),
-        Arc::default(),
-    );
-    assert_eq!(
-        consumer.handle_envelope(&note("b1", 1)).await.unwrap(),
-        Outcome::Applied
-    );
-    for version in [3, 4] {
-        assert_eq!(
-            consumer
-                .handle_envelope(&note("b1", version))
-                .await
-                .unwrap(),
-            Outcome::Parked { waiting_for: 2 }
-        );
-    }
-    assert_eq!(
-        consumer.handle_envelope(&note("b2", 1)).await.unwrap(),
-        Outcome::Applied,
-        "another aggregate is not held up"
-    );
-    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 0);
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 2);
-    let letters: Vec<(String, i64, String, Vec<u8>, String)> = sqlx::query_as(
-        "SELECT kind, aggregate_version, reason, payload, headers FROM outbox_dead_letters
-         ORDER BY aggregate_version",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(letters.len(), 2);
-    for (kind, _, reason, _, _) in &letters {
-        assert_eq!(kind, "dead_lettered");
-        assert!(
-            reason.contains("version 2 of board/b1 did not arrive"),
-            "{reason}"
-        );
-    }
-    assert_eq!(letters[0].1, 3);
-    let payload: serde_json::Value = serde_json::from_slice(&letters[0].3).unwrap();
-    assert_eq!(payload["text"], "v3", "the letter keeps the payload");
-    let headers: serde_json::Value = serde_json::from_str(&letters[0].4).unwrap();
-    assert_eq!(headers["type"], "board.noted");
-    assert_eq!(headers["aggregateversion"], "3");
-    assert_eq!(
-        scalar(&db.pool, "SELECT count(*) FROM outbox_processed_events WHERE event_id IN (SELECT event_id FROM outbox_dead_letters)").await,
-        0,
-        "lettered messages hold no inbox row (a replay can apply them)"
-    );
-    assert_eq!(applied(&db.pool, "gap", "b1").await, vec![1]);
-    // The operator's status shows the consumer's letters as a problem.
-    let status = status(&db.pool).await;
-    let gap = status
-        .consumers
-        .iter()
-        .find(|c| c.consumer == "gap")
-        .unwrap();
-    assert_eq!((gap.dead_lettered, gap.parked), (2, 0));
-    assert!(
-        status
-            .problems
-            .iter()
-            .any(|p| p.contains("consumer gap: 2 dead letter")),
-        "{:?}",
-        status.problems
-    );
-}
-
-#[tokio::test]
 async fn a_failed_strict_start_rolls_back_records_its_retry_and_applies_on_redelivery() {
     let db = setup().await;
     let broken = Arc::new(AtomicBool::new(true));
@@ -391,71 +264,6 @@ async fn a_handler_ok_after_sqlite_ended_its_transaction_is_a_failed_attempt() {
 }
 
 #[tokio::test]
-async fn a_dead_letter_is_replayed_once_after_the_fix_with_an_audit_row() {
-    let db = setup().await;
-    let broken = Arc::new(AtomicBool::new(true));
-    let consumer = consumer(
-        &db.pool,
-        "ledger",
-        config(Ordering::RejectStale),
-        broken.clone(),
-    );
-    let poison = Envelope::for_event(&Noted::new("b9", "poison"), 1).unwrap();
-    let mut last = None;
-    for attempt in 1..=3 {
-        last = Some(
-            consumer
-                .handle(&Incoming::from_envelope(&poison, attempt))
-                .await
-                .unwrap(),
-        );
-    }
-    let last = last.unwrap();
-    assert!(matches!(last, Outcome::DeadLettered { .. }), "{last:?}");
-    // Another aggregate goes on; a redelivery of the lettered message is a
-    // duplicate while the letter is open.
-    assert_eq!(
-        consumer.handle_envelope(&note("b1", 1)).await.unwrap(),
-        Outcome::Applied
-    );
-    assert_eq!(
-        consumer
-            .handle(&Incoming::from_envelope(&poison, 4))
-            .await
-            .unwrap(),
-        Outcome::Duplicate
-    );
-    let letter_id = scalar(&db.pool, "SELECT id FROM outbox_dead_letters").await;
-    broken.store(false, AtomicOrdering::SeqCst);
-    let request = RepairRequest::new("ops", "ledger reopened").unwrap();
-    let report = consumer.replay(&[letter_id], &request).await.unwrap();
-    assert_eq!(report.letters, vec![(letter_id, ReplayOutcome::Applied)]);
-    assert_eq!(applied(&db.pool, "ledger", "b9").await, vec![1]);
-    let (resolution, replays): (String, i64) =
-        sqlx::query_as("SELECT resolution, replays FROM outbox_dead_letters WHERE id = ?1")
-            .bind(letter_id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!((resolution.as_str(), replays), ("replayed: applied", 1));
-    let (operator, action, outcomes): (String, String, String) =
-        sqlx::query_as("SELECT operator, action, outcomes FROM outbox_audit WHERE id = ?1")
-            .bind(report.audit_id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        (operator.as_str(), action.as_str()),
-        ("ops", "consumer.replay")
-    );
-    assert!(outcomes.contains("applied"), "{outcomes}");
-    // A second replay of the closed letter applies nothing.
-    let again = consumer.replay(&[letter_id], &request).await.unwrap();
-    assert_ne!(again.letters[0].1, ReplayOutcome::Applied);
-    assert_eq!(applied(&db.pool, "ledger", "b9").await, vec![1]);
-}
-
-#[tokio::test]
 async fn an_operators_replay_request_is_run_by_the_consumer_and_audited() {
     let db = setup().await;
     let broken = Arc::new(AtomicBool::new(true));
@@ -509,53 +317,6 @@ async fn an_operators_replay_request_is_run_by_the_consumer_and_audited() {
     assert!(
         outcomes.contains("replay_requested") && outcomes.contains("applied"),
         "{outcomes}"
-    );
-}
-
-#[tokio::test]
-async fn an_unreadable_message_is_quarantined_and_the_next_one_is_applied() {
-    let db = setup().await;
-    let consumer = consumer(&db.pool, "reader", config(STRICT), Arc::default());
-    let newer = note("b1", 1);
-    let attributes: Vec<(String, String)> = Incoming::from_envelope(&newer, 1)
-        .attributes()
-        .iter()
-        .map(|(k, v)| {
-            let v = if k == "schemaversion" {
-                "7".to_owned()
-            } else {
-                v.clone()
-            };
-            (k.clone(), v)
-        })
-        .collect();
-    let unreadable = Incoming::new(attributes, newer.payload.get().as_bytes().to_vec(), 1);
-    let outcome = consumer.handle(&unreadable).await.unwrap();
-    assert!(
-        matches!(outcome, Outcome::Quarantined { .. }),
-        "{outcome:?}"
-    );
-    assert_eq!(
-        consumer.handle(&unreadable).await.unwrap(),
-        Outcome::Duplicate,
-        "one quarantine row per message"
-    );
-    assert_eq!(
-        consumer.handle_envelope(&note("b2", 1)).await.unwrap(),
-        Outcome::Applied
-    );
-    let (kind, version, pinned): (String, i64, bool) = sqlx::query_as(
-        "SELECT d.kind, d.aggregate_version, p.pinned FROM outbox_dead_letters d
-         JOIN outbox_consumer_positions p ON p.aggregate_id = d.aggregate_id",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!((kind.as_str(), version, pinned), ("quarantined", 1, true));
-    // Under Strict the quarantined version 1 holds its successors.
-    assert_eq!(
-        consumer.handle_envelope(&note("b1", 2)).await.unwrap(),
-        Outcome::Parked { waiting_for: 1 }
     );
 }
 

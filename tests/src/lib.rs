@@ -8,6 +8,7 @@ pub mod browser;
 pub mod chaos;
 pub mod conformance;
 pub mod console;
+pub mod consumer_conformance;
 pub mod consumers;
 pub mod cpu;
 pub mod db;

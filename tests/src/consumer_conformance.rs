@@ -1,0 +1,352 @@
+//! One consumer suite for every store that keeps a consumer's tables: the
+//! cases are generic over a [`ConsumerUnderTest`] (a fresh database, a
+//! consumer on it whose handler writes one effect row per applied event,
+//! the rows read back), so the consumer engine is held to the same
+//! promises on PostgreSQL and SQLite: the inbox (a redelivery and a
+//! duplicate take effect once), versions out of order under each policy,
+//! a strict gap that never closes ends in dead letters naming the missing
+//! version, a quarantined version 1 holds its successors, a failed strict
+//! start is redelivered and applied in order, and a dead letter is replayed
+//! once after the fix with an audit row.
+//!
+//! A store's handler fails (retryable) for counters whose name starts with
+//! `poison` while the failure switch is on.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use outbox_core::Envelope;
+use outbox_core::audit::RepairRequest;
+use outbox_core::consumer::{
+    Consumer, ConsumerConfig, ConsumerStore, HandlerError, Incoming, Ordering, Outcome,
+    ReplayOutcome,
+};
+
+use crate::consumers::{strict_config, tick};
+
+/// A letter as the cases read it: id, kind, aggregate version, reason,
+/// resolution, headers (JSON text), payload.
+pub type LetterRow = (
+    i64,
+    String,
+    Option<i64>,
+    String,
+    Option<String>,
+    String,
+    Vec<u8>,
+);
+
+/// A store under test, with a consumer whose handler records effects.
+pub trait ConsumerUnderTest: Sized {
+    /// The consumer's store.
+    type Store: ConsumerStore;
+
+    /// A fresh database with the outbox tables and an effects table.
+    fn fresh() -> impl Future<Output = Self>;
+
+    /// A consumer `name` with `config`; its handler fails for `poison…`
+    /// counters while `failing` is set.
+    fn consumer(
+        &self,
+        name: &str,
+        config: ConsumerConfig,
+        failing: Arc<AtomicBool>,
+    ) -> Consumer<Self::Store>;
+
+    /// Versions of `counter` the consumer applied, in commit order.
+    fn applied(&self, consumer: &str, counter: &str) -> impl Future<Output = Vec<i64>>;
+
+    /// The consumer's letters, oldest first.
+    fn letters(&self, consumer: &str) -> impl Future<Output = Vec<LetterRow>>;
+
+    /// Inbox rows of the consumer.
+    fn inbox_rows(&self, consumer: &str) -> impl Future<Output = i64>;
+
+    /// Removes what `fresh` created.
+    fn finish(self) -> impl Future<Output = ()>;
+}
+
+/// The stores' handlers fail (retryable) for `poison…` counters while
+/// `failing` is set.
+pub fn poisoned(failing: &AtomicBool, counter: &str) -> Result<(), HandlerError> {
+    if failing.load(AtomicOrdering::SeqCst) && counter.starts_with("poison") {
+        return Err(HandlerError::retryable("the ledger is closed"));
+    }
+    Ok(())
+}
+
+/// Three quick attempts, a sweep every 100 ms, and `ordering`.
+fn config(ordering: Ordering) -> ConsumerConfig {
+    ConsumerConfig {
+        ordering,
+        ..strict_config(Duration::from_secs(60))
+    }
+}
+
+const STRICT: Ordering = Ordering::Strict {
+    park_timeout: Duration::from_secs(60),
+};
+
+/// Runs every case on a fresh database of `T` each.
+pub async fn run<T: ConsumerUnderTest>() {
+    duplicates_take_effect_once::<T>().await;
+    versions_out_of_order_under_each_policy::<T>().await;
+    a_strict_gap_ends_in_dead_letters_naming_the_missing_version::<T>().await;
+    a_quarantined_first_version_holds_its_successors::<T>().await;
+    a_failed_strict_start_is_redelivered_and_applied_in_order::<T>().await;
+    a_dead_letter_is_replayed_once_with_an_audit_row::<T>().await;
+}
+
+async fn duplicates_take_effect_once<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    let consumer = db.consumer("inbox", config(Ordering::Unordered), Arc::default());
+    let event = tick("c1", 1);
+    assert_eq!(
+        consumer.handle_envelope(&event).await.unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(
+        consumer.handle_envelope(&event).await.unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&event, 2))
+            .await
+            .unwrap(),
+        Outcome::Duplicate,
+        "a redelivery"
+    );
+    assert_eq!(db.applied("inbox", "c1").await, vec![1]);
+    assert_eq!(db.inbox_rows("inbox").await, 1);
+    db.finish().await;
+}
+
+async fn versions_out_of_order_under_each_policy<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    for (name, ordering, expected, effects) in [
+        (
+            "unordered",
+            Ordering::Unordered,
+            vec![Outcome::Applied; 3],
+            vec![1, 3, 2],
+        ),
+        (
+            "stale",
+            Ordering::RejectStale,
+            vec![
+                Outcome::Applied,
+                Outcome::Applied,
+                Outcome::Stale { position: None },
+            ],
+            vec![1, 3],
+        ),
+        (
+            "strict",
+            STRICT,
+            vec![
+                Outcome::Applied,
+                Outcome::Parked { waiting_for: 2 },
+                Outcome::Applied,
+            ],
+            vec![1, 2, 3],
+        ),
+    ] {
+        let consumer = db.consumer(name, config(ordering), Arc::default());
+        let mut outcomes = Vec::new();
+        for version in [1, 3, 2] {
+            outcomes.push(
+                consumer
+                    .handle_envelope(&tick("c1", version))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(outcomes, expected, "{name}");
+        assert_eq!(db.applied(name, "c1").await, effects, "{name}");
+    }
+    db.finish().await;
+}
+
+async fn a_strict_gap_ends_in_dead_letters_naming_the_missing_version<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    let consumer = db.consumer(
+        "gap",
+        config(Ordering::Strict {
+            park_timeout: Duration::from_millis(600),
+        }),
+        Arc::default(),
+    );
+    consumer.handle_envelope(&tick("c1", 1)).await.unwrap();
+    for version in [3, 4] {
+        assert_eq!(
+            consumer
+                .handle_envelope(&tick("c1", version))
+                .await
+                .unwrap(),
+            Outcome::Parked { waiting_for: 2 }
+        );
+    }
+    assert_eq!(
+        consumer.handle_envelope(&tick("c2", 1)).await.unwrap(),
+        Outcome::Applied,
+        "another aggregate is not held up"
+    );
+    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 0);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(consumer.sweep().await.unwrap().dead_lettered, 2);
+    let letters = db.letters("gap").await;
+    assert_eq!(
+        letters.iter().map(|l| l.2).collect::<Vec<_>>(),
+        vec![Some(3), Some(4)]
+    );
+    for letter in &letters {
+        assert_eq!(letter.1, "dead_lettered");
+        assert!(
+            letter.3.contains("version 2 of counter/c1 did not arrive"),
+            "{}",
+            letter.3
+        );
+    }
+    // The letters keep the message: its payload and its attributes.
+    let payload: serde_json::Value = serde_json::from_slice(&letters[0].6).unwrap();
+    assert_eq!(payload["tick"], 3);
+    let headers: serde_json::Value = serde_json::from_str(&letters[0].5).unwrap();
+    assert_eq!(headers["type"], "counter.ticked");
+    assert_eq!(headers["aggregateversion"], "3");
+    assert_eq!(db.applied("gap", "c1").await, vec![1]);
+    assert_eq!(
+        db.inbox_rows("gap").await,
+        2,
+        "lettered messages hold no inbox row"
+    );
+    db.finish().await;
+}
+
+async fn a_quarantined_first_version_holds_its_successors<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    let consumer = db.consumer("reader", config(STRICT), Arc::default());
+    let first = tick("c1", 1);
+    let attributes: Vec<(String, String)> = Incoming::from_envelope(&first, 1)
+        .attributes()
+        .iter()
+        .map(|(k, v)| {
+            let v = if k == "schemaversion" {
+                "9".to_owned()
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    let unreadable = Incoming::new(attributes, first.payload.get().as_bytes().to_vec(), 1);
+    let outcome = consumer.handle(&unreadable).await.unwrap();
+    assert!(
+        matches!(outcome, Outcome::Quarantined { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        consumer.handle(&unreadable).await.unwrap(),
+        Outcome::Duplicate,
+        "one quarantine row per message"
+    );
+    assert_eq!(
+        consumer.handle_envelope(&tick("c1", 2)).await.unwrap(),
+        Outcome::Parked { waiting_for: 1 },
+        "version 2 waits behind the quarantined version 1"
+    );
+    let letters = db.letters("reader").await;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        (letters[0].1.as_str(), letters[0].2),
+        ("quarantined", Some(1))
+    );
+    db.finish().await;
+}
+
+async fn a_failed_strict_start_is_redelivered_and_applied_in_order<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    let failing = Arc::new(AtomicBool::new(false));
+    let consumer = db.consumer("retry", config(STRICT), Arc::clone(&failing));
+    assert_eq!(
+        consumer
+            .handle_envelope(&tick("poison-2", 1))
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    failing.store(true, AtomicOrdering::SeqCst);
+    let second: Envelope = tick("poison-2", 2);
+    let outcome = consumer.handle_envelope(&second).await.unwrap();
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    assert_eq!(
+        consumer
+            .handle_envelope(&tick("poison-2", 3))
+            .await
+            .unwrap(),
+        Outcome::Parked { waiting_for: 2 },
+        "version 3 waits for the retrying version 2"
+    );
+    failing.store(false, AtomicOrdering::SeqCst);
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&second, 2))
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    assert_eq!(db.applied("retry", "poison-2").await, vec![1, 2, 3]);
+    db.finish().await;
+}
+
+async fn a_dead_letter_is_replayed_once_with_an_audit_row<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    let failing = Arc::new(AtomicBool::new(true));
+    let consumer = db.consumer(
+        "ledger",
+        config(Ordering::RejectStale),
+        Arc::clone(&failing),
+    );
+    let poison = tick("poison-9", 1);
+    let mut last = None;
+    for attempt in 1..=3 {
+        last = Some(
+            consumer
+                .handle(&Incoming::from_envelope(&poison, attempt))
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(
+        matches!(last, Some(Outcome::DeadLettered { .. })),
+        "{last:?}"
+    );
+    assert_eq!(
+        consumer.handle_envelope(&tick("c1", 1)).await.unwrap(),
+        Outcome::Applied,
+        "other aggregates go on"
+    );
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&poison, 4))
+            .await
+            .unwrap(),
+        Outcome::Duplicate,
+        "a redelivery while the letter is open"
+    );
+    let letter_id = db.letters("ledger").await[0].0;
+    failing.store(false, AtomicOrdering::SeqCst);
+    let request = RepairRequest::new("ops", "the ledger is open again").unwrap();
+    let report = consumer.replay(&[letter_id], &request).await.unwrap();
+    assert_eq!(report.letters, vec![(letter_id, ReplayOutcome::Applied)]);
+    let again = consumer.replay(&[letter_id], &request).await.unwrap();
+    assert_ne!(again.letters[0].1, ReplayOutcome::Applied);
+    assert_eq!(db.applied("ledger", "poison-9").await, vec![1]);
+    assert_eq!(
+        db.letters("ledger").await[0].4.as_deref(),
+        Some("replayed: applied")
+    );
+    db.finish().await;
+}
