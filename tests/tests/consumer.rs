@@ -810,46 +810,6 @@ async fn a_handler_that_swallows_a_statement_error_does_not_get_its_message_ackn
 }
 
 #[tokio::test]
-async fn a_handler_that_ends_the_transaction_itself_does_not_get_its_message_acknowledged() {
-    let db = setup().await;
-    let consumer = ConsumerBuilder::new("ends-it")
-        .retry(fast_retry(3))
-        .on_fn::<Ticked, _>(|_, tx| {
-            Box::pin(async move {
-                // Ends the consumer's transaction under it: the inbox row
-                // is rolled back, later statements would commit one by one.
-                sqlx::query("ROLLBACK").execute(&mut *tx).await?;
-                Ok(())
-            })
-        })
-        .build(db.pool.clone(), db.schema.clone())
-        .unwrap();
-    match consumer.handle_envelope(&tick("z", 1)).await.unwrap() {
-        Outcome::Retry { error, .. } => assert!(
-            error.contains("ended the consumer's transaction itself"),
-            "{error}"
-        ),
-        other => panic!("expected a retry, got {other:?}"),
-    }
-    let inbox: i64 = db
-        .scalar("SELECT count(*) FROM {s}.outbox_processed_events")
-        .await;
-    assert_eq!(inbox, 0, "nothing was recorded as processed");
-    // The pool's connections still begin transactions afterwards.
-    let next = ConsumerBuilder::new("after")
-        .on_fn::<Ticked, _>(|_, _| Box::pin(async move { Ok(()) }))
-        .build(db.pool.clone(), db.schema.clone())
-        .unwrap();
-    for version in 1..=3 {
-        assert_eq!(
-            next.handle_envelope(&tick("y", version)).await.unwrap(),
-            Outcome::Applied
-        );
-    }
-    db.drop_schema().await;
-}
-
-#[tokio::test]
 async fn strict_ordering_counts_the_versions_of_skipped_event_types() {
     use outbox_examples::contracts::{CancelReason, OrderCancelled, OrderCreated, OrderShipped};
     let db = setup().await;

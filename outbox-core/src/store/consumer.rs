@@ -630,10 +630,6 @@ impl PgConsumerStore {
     }
 }
 
-/// Why a handler's `Ok` is not taken when it ended the consumer's
-/// transaction itself.
-const ENDED_BY_HANDLER: &str = "the handler returned Ok, but it ended the consumer's transaction itself (ROLLBACK or COMMIT on the connection it was given); the inbox row and the position were not committed with its effects, so the message is retried";
-
 /// Cuts a handler's statements off after `timeout` (same round trip as BEGIN).
 fn begin_sql(timeout: Duration) -> String {
     format!(
@@ -685,20 +681,9 @@ impl ConsumerStore for PgConsumerStore {
     /// the transaction failed; PostgreSQL would turn the COMMIT into a
     /// silent ROLLBACK. One trivial statement finds out (sqlx does not
     /// expose the server's transaction status).
-    ///
-    /// The same statement finds a handler that ended the transaction itself
-    /// (`ROLLBACK` or `COMMIT` on the connection it was given): the
-    /// consumer's transaction has a transaction id by then (it wrote or
-    /// locked its inbox row or position before the handler ran); a
-    /// statement in a transaction of its own, after the handler ended the
-    /// consumer's, has none.
     async fn transaction_intact(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
-        match sqlx::query_scalar::<_, bool>("SELECT txid_current_if_assigned() IS NOT NULL")
-            .fetch_one(&mut *conn)
-            .await
-        {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(HandlerError::retryable(ENDED_BY_HANDLER)),
+        match sqlx::query("SELECT 1").execute(&mut *conn).await {
+            Ok(_) => Ok(()),
             Err(error) if super::has_sqlstate(&error, "25P02") => {
                 Err(HandlerError::retryable(SWALLOWED))
             }
