@@ -47,6 +47,57 @@ use crate::{millis, now_ms};
 /// once, and the savepoint that marks the start of the message.
 const BEGIN: &str = "BEGIN IMMEDIATE; SAVEPOINT outbox_message";
 
+/// Moves a strict position to version `?4` and pins it (an unpinned one
+/// starts at `?4`), then `$tail`. Binds: consumer, aggregate type,
+/// aggregate id, version, now.
+macro_rules! move_position {
+    ($($tail:expr),*) => {
+        concat!(
+            "UPDATE outbox_consumer_positions
+             SET version = ?4, pinned = 1, updated_at = ?5,
+                 start_version = CASE WHEN pinned THEN start_version
+                                      ELSE coalesce(start_version, ?4) END
+             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3"
+            $(, $tail)*
+        )
+    };
+}
+
+/// Whether the version after `$version` of the aggregate `$type`/`$id`
+/// waits parked and due (`$now`) for consumer `?1`.
+macro_rules! successor_parked {
+    ($type:literal, $id:literal, $version:literal, $now:literal) => {
+        concat!(
+            "EXISTS (
+                SELECT 1 FROM outbox_consumer_parked k
+                WHERE k.consumer_name = ?1 AND k.aggregate_type = ",
+            $type,
+            " AND k.aggregate_id = ",
+            $id,
+            " AND k.aggregate_version = ",
+            $version,
+            " + 1
+                  AND (k.retry_at IS NULL OR k.retry_at <= ",
+            $now,
+            "))"
+        )
+    };
+}
+
+/// The position moved only from the version before (this is the next
+/// version), saying whether its successor waits parked.
+const ADVANCE_TO_NEXT: &str = move_position!(
+    " AND version = ?4 - 1 RETURNING ",
+    successor_parked!("?2", "?3", "?4", "?5")
+);
+
+/// The position moved to this version, saying whether its successor waits
+/// parked.
+const SETTLE_AT: &str = move_position!(" RETURNING ", successor_parked!("?2", "?3", "?4", "?5"));
+
+/// The position moved to this version.
+const SET_POSITION: &str = move_position!();
+
 /// Why a handler's `Ok` is not taken when SQLite ended its transaction.
 const ROLLED_BACK: &str = "the handler returned Ok, but SQLite had rolled its transaction back (a statement failed with an error that ends the transaction, and the handler went on); its effects were not committed";
 
@@ -503,25 +554,14 @@ impl ConsumerStore for SqliteConsumerStore {
         }
         // Moved when it is the next version, saying in the same statement
         // whether its successor waits parked.
-        let advanced: Option<bool> = sqlx::query_scalar(
-            "UPDATE outbox_consumer_positions AS p
-             SET version = ?4, pinned = 1, updated_at = ?5,
-                 start_version = CASE WHEN pinned THEN start_version
-                                      ELSE coalesce(start_version, ?4) END
-             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
-               AND version = ?4 - 1
-             RETURNING EXISTS (
-                SELECT 1 FROM outbox_consumer_parked k
-                WHERE k.consumer_name = ?1 AND k.aggregate_type = ?2 AND k.aggregate_id = ?3
-                  AND k.aggregate_version = ?4 + 1 AND (k.retry_at IS NULL OR k.retry_at <= ?5))",
-        )
-        .bind(consumer)
-        .bind(&envelope.aggregate_type)
-        .bind(&envelope.aggregate_id)
-        .bind(envelope.aggregate_version)
-        .bind(now_ms())
-        .fetch_optional(&mut *conn)
-        .await?;
+        let advanced: Option<bool> = sqlx::query_scalar(ADVANCE_TO_NEXT)
+            .bind(consumer)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .bind(now_ms())
+            .fetch_optional(&mut *conn)
+            .await?;
         if let Some(successor_parked) = advanced {
             return Ok(Some(StrictClaim::Advanced { successor_parked }));
         }
@@ -554,23 +594,14 @@ impl ConsumerStore for SqliteConsumerStore {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<bool> {
-        let ready: Option<bool> = sqlx::query_scalar(
-            "UPDATE outbox_consumer_positions
-             SET version = ?4, pinned = 1, updated_at = ?5,
-                 start_version = CASE WHEN pinned THEN start_version ELSE coalesce(start_version, ?4) END
-             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3
-             RETURNING EXISTS (
-                SELECT 1 FROM outbox_consumer_parked k
-                WHERE k.consumer_name = ?1 AND k.aggregate_type = ?2 AND k.aggregate_id = ?3
-                  AND k.aggregate_version = ?4 + 1 AND (k.retry_at IS NULL OR k.retry_at <= ?5))",
-        )
-        .bind(consumer)
-        .bind(&envelope.aggregate_type)
-        .bind(&envelope.aggregate_id)
-        .bind(envelope.aggregate_version)
-        .bind(now_ms())
-        .fetch_optional(conn)
-        .await?;
+        let ready: Option<bool> = sqlx::query_scalar(SETTLE_AT)
+            .bind(consumer)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .bind(now_ms())
+            .fetch_optional(conn)
+            .await?;
         Ok(ready.unwrap_or(false))
     }
 
@@ -638,15 +669,13 @@ impl ConsumerStore for SqliteConsumerStore {
             .execute(&mut *conn)
             .await?;
         }
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH u (t, i, v) AS MATERIALIZED (
                 SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?2))
              SELECT u.t, u.i FROM u
-             WHERE EXISTS (
-                SELECT 1 FROM outbox_consumer_parked k
-                WHERE k.consumer_name = ?1 AND k.aggregate_type = u.t AND k.aggregate_id = u.i
-                  AND k.aggregate_version = u.v + 1 AND (k.retry_at IS NULL OR k.retry_at <= ?3))",
-        )
+             WHERE ",
+            successor_parked!("u.t", "u.i", "u.v", "?3")
+        ))
         .bind(consumer)
         .bind(&moved_json)
         .bind(now)
@@ -836,19 +865,14 @@ impl ConsumerStore for SqliteConsumerStore {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<()> {
-        sqlx::query(
-            "UPDATE outbox_consumer_positions
-             SET version = ?4, pinned = 1, updated_at = ?5,
-                 start_version = CASE WHEN pinned THEN start_version ELSE coalesce(start_version, ?4) END
-             WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3",
-        )
-        .bind(consumer)
-        .bind(&envelope.aggregate_type)
-        .bind(&envelope.aggregate_id)
-        .bind(envelope.aggregate_version)
-        .bind(now_ms())
-        .execute(conn)
-        .await?;
+        sqlx::query(SET_POSITION)
+            .bind(consumer)
+            .bind(&envelope.aggregate_type)
+            .bind(&envelope.aggregate_id)
+            .bind(envelope.aggregate_version)
+            .bind(now_ms())
+            .execute(conn)
+            .await?;
         Ok(())
     }
 

@@ -39,6 +39,7 @@
 //! ```
 
 pub mod format;
+mod outcome;
 mod records;
 mod redaction;
 mod repair;
@@ -49,6 +50,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+pub use outcome::{LetterRepairState, check_repair_ids};
 pub use records::{
     AuditRecord, EventFilter, EventRecord, EventStatus, LetterFilter, LetterKind, LetterRecord,
     Page, PositionRecord, page_limit,

@@ -11,8 +11,8 @@ use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::{LetterKind, MAX_REPAIR_IDS, Ops, OpsError};
-use crate::audit::{RepairError, RepairRequest};
+use super::{LetterKind, LetterRepairState, Ops, OpsError, check_repair_ids};
+use crate::audit::RepairRequest;
 
 /// What a repair did to one id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -102,26 +102,6 @@ pub struct CleanupReport {
     pub executed: bool,
     /// The audit row, when executed.
     pub audit_id: Option<i64>,
-}
-
-/// A letter as a repair found it.
-struct LetterState {
-    kind: String,
-    resolution: Option<String>,
-    requested: bool,
-}
-
-fn check_ids<T>(ids: &[T]) -> Result<(), OpsError> {
-    if ids.is_empty() {
-        return Err(RepairError::NoIds.into());
-    }
-    if ids.len() > MAX_REPAIR_IDS {
-        return Err(OpsError::TooMany {
-            given: ids.len(),
-            max: MAX_REPAIR_IDS,
-        });
-    }
-    Ok(())
 }
 
 fn outcomes_json(outcomes: &[IdOutcome]) -> serde_json::Value {
@@ -229,7 +209,7 @@ impl Ops {
         done: &str,
         not_eligible: &str,
     ) -> Result<RepairReport, OpsError> {
-        check_ids(ids)?;
+        check_repair_ids(ids)?;
         let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
         let (mut tx, audit_id) = self.open_repair(request, action, "relay", &texts).await?;
         let mut query = sqlx::query_scalar::<_, Uuid>(AssertSqlSafe(statement)).bind(ids);
@@ -255,25 +235,13 @@ impl Ops {
         let outcomes: Vec<IdOutcome> = ids
             .iter()
             .map(|id| {
-                if changed.contains(id) {
-                    IdOutcome {
-                        id: id.to_string(),
-                        outcome: done.to_owned(),
-                        detail: None,
-                    }
-                } else if let Some(status) = statuses.get(id) {
-                    IdOutcome {
-                        id: id.to_string(),
-                        outcome: not_eligible.to_owned(),
-                        detail: Some(format!("its status is {status}")),
-                    }
-                } else {
-                    IdOutcome {
-                        id: id.to_string(),
-                        outcome: "not_found".to_owned(),
-                        detail: Some("no such event (or removed by retention)".to_owned()),
-                    }
-                }
+                IdOutcome::for_event(
+                    id.to_string(),
+                    changed.contains(id),
+                    statuses.get(id).map(String::as_str),
+                    done,
+                    not_eligible,
+                )
             })
             .collect();
         self.close_repair(tx, audit_id, outcomes).await
@@ -328,7 +296,7 @@ impl Ops {
         action: &str,
         discard: Option<String>,
     ) -> Result<RepairReport, OpsError> {
-        check_ids(ids)?;
+        check_repair_ids(ids)?;
         let texts: Vec<String> = ids.iter().map(i64::to_string).collect();
         let (mut tx, audit_id) = self.open_repair(request, action, consumer, &texts).await?;
         let changed: HashSet<i64> = match &discard {
@@ -354,7 +322,7 @@ impl Ops {
         .map_err(OpsError::database("repairing letters"))?
         .into_iter()
         .collect();
-        let states: HashMap<i64, LetterState> =
+        let states: HashMap<i64, LetterRepairState> =
             sqlx::query(AssertSqlSafe(self.sql.letter_states.as_str()))
                 .bind(consumer)
                 .bind(ids)
@@ -365,7 +333,7 @@ impl Ops {
                 .map(|row| {
                     Ok((
                         row.try_get("id")?,
-                        LetterState {
+                        LetterRepairState {
                             kind: row.try_get("kind")?,
                             resolution: row.try_get("resolution")?,
                             requested: row.try_get("requested")?,
@@ -382,34 +350,14 @@ impl Ops {
         let outcomes: Vec<IdOutcome> = ids
             .iter()
             .map(|id| {
-                let (outcome, detail) = if changed.contains(id) {
-                    (done, None)
-                } else {
-                    match states.get(id) {
-                        Some(state) if state.kind != kind.as_str() => (
-                            "wrong_kind",
-                            Some(format!("letter {id} is {}, not {}", state.kind, kind.as_str())),
-                        ),
-                        Some(LetterState {
-                            resolution: Some(resolution),
-                            ..
-                        }) => ("already_resolved", Some(resolution.clone())),
-                        Some(state) if state.requested => (
-                            "already_requested",
-                            Some("a replay is already asked for; the consumer runs it at its next sweep".to_owned()),
-                        ),
-                        Some(_) => ("already_resolved", None),
-                        None => (
-                            "not_found",
-                            Some(format!("no letter {id} of consumer {consumer}")),
-                        ),
-                    }
-                };
-                IdOutcome {
-                    id: id.to_string(),
-                    outcome: outcome.to_owned(),
-                    detail,
-                }
+                IdOutcome::for_letter(
+                    *id,
+                    changed.contains(id),
+                    states.get(id),
+                    kind,
+                    consumer,
+                    done,
+                )
             })
             .collect();
         self.close_repair(tx, audit_id, outcomes).await

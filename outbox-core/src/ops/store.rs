@@ -165,68 +165,6 @@ pub trait LetterStore: Send + Sync {
     ) -> impl Future<Output = Result<Option<AuditRecord>, OpsError>> + Send;
 }
 
-impl LetterStore for Ops {
-    async fn letters(&self, filter: &LetterFilter) -> Result<Page<LetterRecord>, OpsError> {
-        Ops::letters(self, filter).await
-    }
-
-    async fn letter(&self, consumer: &str, id: i64) -> Result<Option<LetterRecord>, OpsError> {
-        Ops::letter(self, consumer, id).await
-    }
-
-    async fn position(
-        &self,
-        consumer: &str,
-        aggregate_type: &str,
-        aggregate_id: &str,
-    ) -> Result<Option<PositionRecord>, OpsError> {
-        Ops::position(self, consumer, aggregate_type, aggregate_id).await
-    }
-
-    async fn pass_version(
-        &self,
-        consumer: &str,
-        aggregate_type: &str,
-        aggregate_id: &str,
-        version: i64,
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        Ops::pass_version(
-            self,
-            consumer,
-            aggregate_type,
-            aggregate_id,
-            version,
-            request,
-        )
-        .await
-    }
-
-    async fn request_replay(
-        &self,
-        consumer: &str,
-        kind: LetterKind,
-        letter_ids: &[i64],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        Ops::request_replay(self, consumer, kind, letter_ids, request).await
-    }
-
-    async fn discard(
-        &self,
-        consumer: &str,
-        kind: LetterKind,
-        letter_ids: &[i64],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        Ops::discard(self, consumer, kind, letter_ids, request).await
-    }
-
-    async fn audit_entry(&self, id: i64) -> Result<Option<AuditRecord>, OpsError> {
-        Ops::audit_entry(self, id).await
-    }
-}
-
 /// Implements [`OperationsStore`] for a store's operations type by calling
 /// its inherent methods of the same names and signatures (each store keeps
 /// them inherent, so its users need not import the trait).
@@ -330,3 +268,97 @@ macro_rules! operations_store_by_inherent_methods {
 }
 
 crate::operations_store_by_inherent_methods!(Ops);
+
+/// Implements [`LetterStore`] for a store's operations type by calling its
+/// inherent methods of the same names and signatures, as
+/// [`operations_store_by_inherent_methods!`] does for [`OperationsStore`].
+#[macro_export]
+macro_rules! letter_store_by_inherent_methods {
+    ($ops:ty) => {
+        impl $crate::ops::LetterStore for $ops {
+            async fn letters(
+                &self,
+                filter: &$crate::ops::LetterFilter,
+            ) -> ::core::result::Result<
+                $crate::ops::Page<$crate::ops::LetterRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::letters(self, filter).await
+            }
+
+            async fn letter(
+                &self,
+                consumer: &str,
+                id: i64,
+            ) -> ::core::result::Result<
+                ::core::option::Option<$crate::ops::LetterRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::letter(self, consumer, id).await
+            }
+
+            async fn position(
+                &self,
+                consumer: &str,
+                aggregate_type: &str,
+                aggregate_id: &str,
+            ) -> ::core::result::Result<
+                ::core::option::Option<$crate::ops::PositionRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::position(self, consumer, aggregate_type, aggregate_id).await
+            }
+
+            async fn pass_version(
+                &self,
+                consumer: &str,
+                aggregate_type: &str,
+                aggregate_id: &str,
+                version: i64,
+                request: &$crate::audit::RepairRequest,
+            ) -> ::core::result::Result<$crate::ops::RepairReport, $crate::ops::OpsError> {
+                <$ops>::pass_version(
+                    self,
+                    consumer,
+                    aggregate_type,
+                    aggregate_id,
+                    version,
+                    request,
+                )
+                .await
+            }
+
+            async fn request_replay(
+                &self,
+                consumer: &str,
+                kind: $crate::ops::LetterKind,
+                letter_ids: &[i64],
+                request: &$crate::audit::RepairRequest,
+            ) -> ::core::result::Result<$crate::ops::RepairReport, $crate::ops::OpsError> {
+                <$ops>::request_replay(self, consumer, kind, letter_ids, request).await
+            }
+
+            async fn discard(
+                &self,
+                consumer: &str,
+                kind: $crate::ops::LetterKind,
+                letter_ids: &[i64],
+                request: &$crate::audit::RepairRequest,
+            ) -> ::core::result::Result<$crate::ops::RepairReport, $crate::ops::OpsError> {
+                <$ops>::discard(self, consumer, kind, letter_ids, request).await
+            }
+
+            async fn audit_entry(
+                &self,
+                id: i64,
+            ) -> ::core::result::Result<
+                ::core::option::Option<$crate::ops::AuditRecord>,
+                $crate::ops::OpsError,
+            > {
+                <$ops>::audit_entry(self, id).await
+            }
+        }
+    };
+}
+
+crate::letter_store_by_inherent_methods!(Ops);

@@ -9,8 +9,10 @@
 
 use std::collections::HashMap;
 
-use outbox_core::audit::{RepairError, RepairRequest};
-use outbox_core::ops::{Cleanup, CleanupReport, IdOutcome, MAX_REPAIR_IDS, OpsError, RepairReport};
+use outbox_core::audit::RepairRequest;
+use outbox_core::ops::{
+    Cleanup, CleanupReport, IdOutcome, OpsError, RepairReport, check_repair_ids,
+};
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
 use uuid::Uuid;
 
@@ -142,15 +144,7 @@ impl MySqlOps {
         request: &RepairRequest,
         repair: Repair,
     ) -> Result<RepairReport, OpsError> {
-        if ids.is_empty() {
-            return Err(RepairError::NoIds.into());
-        }
-        if ids.len() > MAX_REPAIR_IDS {
-            return Err(OpsError::TooMany {
-                given: ids.len(),
-                max: MAX_REPAIR_IDS,
-            });
-        }
+        check_repair_ids(ids)?;
         let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
         let mut tx = self
             .pool
@@ -210,22 +204,16 @@ impl MySqlOps {
         }
         let outcomes: Vec<IdOutcome> = texts
             .into_iter()
-            .map(|id| match locked.get(&id) {
-                Some(_) if changed.contains(&id) => IdOutcome {
+            .map(|id| {
+                let status = locked.get(&id).map(|event| event.status.clone());
+                let changed = changed.contains(&id);
+                IdOutcome::for_event(
                     id,
-                    outcome: repair.done.to_owned(),
-                    detail: None,
-                },
-                Some(event) => IdOutcome {
-                    detail: Some(format!("its status is {}", event.status)),
-                    id,
-                    outcome: repair.not_eligible.to_owned(),
-                },
-                None => IdOutcome {
-                    id,
-                    outcome: "not_found".to_owned(),
-                    detail: Some("no such event (or removed by retention)".to_owned()),
-                },
+                    changed,
+                    status.as_deref(),
+                    repair.done,
+                    repair.not_eligible,
+                )
             })
             .collect();
         let outcomes_json = serde_json::to_string(&outcomes).map_err(|e| OpsError::Database {

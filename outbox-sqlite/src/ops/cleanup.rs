@@ -7,6 +7,7 @@
 use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{Cleanup, CleanupReport, OpsError};
 
+use super::audit_row::{complete_audit, open_audit};
 use super::{SqliteOps, database};
 use crate::{millis, now_ms};
 
@@ -74,17 +75,7 @@ impl SqliteOps {
                 plan.keys_older_than.as_secs()
             ),
         ]);
-        let audit_id: i64 = sqlx::query_scalar(
-            "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
-             VALUES (?1, ?2, ?3, 'relay.cleanup', 'relay', ?4) RETURNING id",
-        )
-        .bind(now)
-        .bind(request.operator())
-        .bind(request.reason())
-        .bind(ids.to_string())
-        .fetch_one(&self.pool)
-        .await
-        .map_err(database("writing the audit row"))?;
+        let audit_id = open_audit(&self.pool, request, "relay.cleanup", "relay", &ids).await?;
         let batch = plan.batch.clamp(1, 100_000);
         loop {
             let gone = sqlx::query(DELETE_EVENTS)
@@ -116,12 +107,7 @@ impl SqliteOps {
         let outcomes = serde_json::json!([
             {"deleted": report.deleted, "keys_deleted": report.keys_deleted}
         ]);
-        sqlx::query("UPDATE outbox_audit SET outcomes = ?1 WHERE id = ?2")
-            .bind(outcomes.to_string())
-            .bind(audit_id)
-            .execute(&self.pool)
-            .await
-            .map_err(database("completing the audit row"))?;
+        complete_audit(&self.pool, audit_id, &outcomes).await?;
         report.executed = true;
         report.audit_id = Some(audit_id);
         Ok(report)

@@ -7,14 +7,15 @@
 
 use std::collections::{HashMap, HashSet};
 
-use outbox_core::audit::{RepairError, RepairRequest};
+use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{
-    AuditRecord, IdOutcome, LetterFilter, LetterKind, LetterRecord, LetterStore, MAX_REPAIR_IDS,
-    OpsError, Page, PositionRecord, RepairReport, page_limit,
+    IdOutcome, LetterFilter, LetterKind, LetterRecord, LetterRepairState, OpsError, Page,
+    PositionRecord, RepairReport, check_repair_ids, page_limit,
 };
+use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{Connection, Row, Sqlite, SqliteConnection, Transaction};
 
+use super::audit_row::{begin_repair, close_audit, open_audit};
 use super::{SqliteOps, database};
 use crate::{now_ms, optional_time_column, time_column};
 
@@ -68,26 +69,6 @@ const PASS_VERSION: &str = "
 UPDATE outbox_consumer_positions SET version = ?4, pinned = 1, updated_at = ?5
 WHERE consumer_name = ?1 AND aggregate_type = ?2 AND aggregate_id = ?3 AND version = ?4 - 1
 RETURNING version";
-
-fn check_ids(ids: &[i64]) -> Result<(), OpsError> {
-    if ids.is_empty() {
-        return Err(RepairError::NoIds.into());
-    }
-    if ids.len() > MAX_REPAIR_IDS {
-        return Err(OpsError::TooMany {
-            given: ids.len(),
-            max: MAX_REPAIR_IDS,
-        });
-    }
-    Ok(())
-}
-
-/// What a letter was when a repair could not change it.
-struct LetterState {
-    kind: String,
-    resolution: Option<String>,
-    requested: bool,
-}
 
 impl SqliteOps {
     /// A consumer's letters of one kind, filtered, oldest first.
@@ -234,7 +215,7 @@ impl SqliteOps {
         request: &RepairRequest,
         discard: Option<String>,
     ) -> Result<RepairReport, OpsError> {
-        check_ids(ids)?;
+        check_repair_ids(ids)?;
         let action = if discard.is_some() {
             "consumer.discard"
         } else {
@@ -242,16 +223,15 @@ impl SqliteOps {
         };
         let texts: Vec<String> = ids.iter().map(i64::to_string).collect();
         let ids_json = serde_json::Value::from(ids.to_vec()).to_string();
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(database("beginning a repair"))?;
-        let mut tx = conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(database("beginning a repair"))?;
-        let audit_id = open_audit(&mut tx, request, action, consumer, &texts).await?;
+        let mut tx = begin_repair(&self.pool).await?;
+        let audit_id = open_audit(
+            &mut *tx,
+            request,
+            action,
+            consumer,
+            &serde_json::Value::from(texts),
+        )
+        .await?;
         let changed: HashSet<i64> = match &discard {
             Some(resolution) => {
                 sqlx::query_scalar::<_, i64>(DISCARD)
@@ -277,7 +257,7 @@ impl SqliteOps {
         .map_err(database("repairing letters"))?
         .into_iter()
         .collect();
-        let states: HashMap<i64, LetterState> = sqlx::query(LETTER_STATES)
+        let states: HashMap<i64, LetterRepairState> = sqlx::query(LETTER_STATES)
             .bind(consumer)
             .bind(&ids_json)
             .fetch_all(&mut *tx)
@@ -287,7 +267,7 @@ impl SqliteOps {
             .map(|row| {
                 Ok((
                     row.try_get("id")?,
-                    LetterState {
+                    LetterRepairState {
                         kind: row.try_get("kind")?,
                         resolution: row.try_get("resolution")?,
                         requested: row.try_get("requested")?,
@@ -304,7 +284,7 @@ impl SqliteOps {
         let outcomes = ids
             .iter()
             .map(|id| {
-                letter_outcome(
+                IdOutcome::for_letter(
                     *id,
                     changed.contains(id),
                     states.get(id),
@@ -329,21 +309,13 @@ impl SqliteOps {
         request: &RepairRequest,
     ) -> Result<RepairReport, OpsError> {
         let target = format!("{aggregate_type}/{aggregate_id}@{version}");
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(database("beginning a repair"))?;
-        let mut tx = conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(database("beginning a repair"))?;
+        let mut tx = begin_repair(&self.pool).await?;
         let audit_id = open_audit(
-            &mut tx,
+            &mut *tx,
             request,
             "consumer.pass_version",
             consumer,
-            std::slice::from_ref(&target),
+            &serde_json::json!([target]),
         )
         .await?;
         let passed: Option<i64> = sqlx::query_scalar(PASS_VERSION)
@@ -389,154 +361,4 @@ impl SqliteOps {
     }
 }
 
-/// What happened to one letter id of a repair that did not change it, or
-/// `done` when it did.
-fn letter_outcome(
-    id: i64,
-    changed: bool,
-    state: Option<&LetterState>,
-    kind: LetterKind,
-    consumer: &str,
-    done: &str,
-) -> IdOutcome {
-    let (outcome, detail) = if changed {
-        (done, None)
-    } else {
-        match state {
-            Some(state) if state.kind != kind.as_str() => (
-                "wrong_kind",
-                Some(format!(
-                    "letter {id} is {}, not {}",
-                    state.kind,
-                    kind.as_str()
-                )),
-            ),
-            Some(LetterState {
-                resolution: Some(resolution),
-                ..
-            }) => ("already_resolved", Some(resolution.clone())),
-            Some(state) if state.requested => (
-                "already_requested",
-                Some(
-                    "a replay is already asked for; the consumer runs it at its next sweep"
-                        .to_owned(),
-                ),
-            ),
-            Some(_) => ("already_resolved", None),
-            None => (
-                "not_found",
-                Some(format!("no letter {id} of consumer {consumer}")),
-            ),
-        }
-    };
-    IdOutcome {
-        id: id.to_string(),
-        outcome: outcome.to_owned(),
-        detail,
-    }
-}
-
-/// Writes a repair's audit row first, in its transaction; returns its id.
-async fn open_audit(
-    tx: &mut SqliteConnection,
-    request: &RepairRequest,
-    action: &str,
-    target: &str,
-    ids: &[String],
-) -> Result<i64, OpsError> {
-    sqlx::query_scalar(
-        "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
-    )
-    .bind(now_ms())
-    .bind(request.operator())
-    .bind(request.reason())
-    .bind(action)
-    .bind(target)
-    .bind(serde_json::Value::from(ids.to_vec()).to_string())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(database("writing the audit row"))
-}
-
-/// Records each id's outcome on the audit row and commits the repair.
-async fn close_audit(
-    mut tx: Transaction<'_, Sqlite>,
-    audit_id: i64,
-    outcomes: Vec<IdOutcome>,
-) -> Result<RepairReport, OpsError> {
-    let json = serde_json::to_string(&outcomes).map_err(|e| OpsError::Database {
-        doing: "completing the audit row",
-        source: sqlx::Error::Encode(e.into()),
-    })?;
-    sqlx::query("UPDATE outbox_audit SET outcomes = ?1 WHERE id = ?2")
-        .bind(json)
-        .bind(audit_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(database("completing the audit row"))?;
-    tx.commit().await.map_err(database("committing a repair"))?;
-    Ok(RepairReport { audit_id, outcomes })
-}
-
-impl LetterStore for SqliteOps {
-    async fn letters(&self, filter: &LetterFilter) -> Result<Page<LetterRecord>, OpsError> {
-        SqliteOps::letters(self, filter).await
-    }
-
-    async fn letter(&self, consumer: &str, id: i64) -> Result<Option<LetterRecord>, OpsError> {
-        SqliteOps::letter(self, consumer, id).await
-    }
-
-    async fn position(
-        &self,
-        consumer: &str,
-        aggregate_type: &str,
-        aggregate_id: &str,
-    ) -> Result<Option<PositionRecord>, OpsError> {
-        SqliteOps::position(self, consumer, aggregate_type, aggregate_id).await
-    }
-
-    async fn pass_version(
-        &self,
-        consumer: &str,
-        aggregate_type: &str,
-        aggregate_id: &str,
-        version: i64,
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        SqliteOps::pass_version(
-            self,
-            consumer,
-            aggregate_type,
-            aggregate_id,
-            version,
-            request,
-        )
-        .await
-    }
-
-    async fn request_replay(
-        &self,
-        consumer: &str,
-        kind: LetterKind,
-        letter_ids: &[i64],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        SqliteOps::request_replay(self, consumer, kind, letter_ids, request).await
-    }
-
-    async fn discard(
-        &self,
-        consumer: &str,
-        kind: LetterKind,
-        letter_ids: &[i64],
-        request: &RepairRequest,
-    ) -> Result<RepairReport, OpsError> {
-        SqliteOps::discard(self, consumer, kind, letter_ids, request).await
-    }
-
-    async fn audit_entry(&self, id: i64) -> Result<Option<AuditRecord>, OpsError> {
-        SqliteOps::audit_entry(self, id).await
-    }
-}
+outbox_core::letter_store_by_inherent_methods!(SqliteOps);

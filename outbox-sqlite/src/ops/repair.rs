@@ -6,14 +6,13 @@
 
 use std::collections::{HashMap, HashSet};
 
-use outbox_core::audit::RepairError;
 use outbox_core::audit::RepairRequest;
-use outbox_core::ops::{IdOutcome, MAX_REPAIR_IDS, OpsError, RepairReport};
-use sqlx::{Connection, Row, SqliteConnection};
+use outbox_core::ops::{IdOutcome, OpsError, RepairReport, check_repair_ids};
+use sqlx::{Row, SqliteConnection};
 use uuid::Uuid;
 
-use super::SqliteOps;
-use crate::now_ms;
+use super::audit_row::{begin_repair, close_audit, open_audit};
+use super::{SqliteOps, database};
 
 /// Failed events back to pending, from the first attempt. Binds: ids.
 const RETRY_FAILED: &str = "
@@ -162,39 +161,18 @@ impl SqliteOps {
         done: &str,
         not_eligible: &str,
     ) -> Result<RepairReport, OpsError> {
-        if ids.is_empty() {
-            return Err(RepairError::NoIds.into());
-        }
-        if ids.len() > MAX_REPAIR_IDS {
-            return Err(OpsError::TooMany {
-                given: ids.len(),
-                max: MAX_REPAIR_IDS,
-            });
-        }
-        let database = |doing| move |source| OpsError::Database { doing, source };
+        check_repair_ids(ids)?;
         let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
         let ids_json = serde_json::Value::from(texts.clone()).to_string();
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(database("beginning a repair"))?;
-        let mut tx = conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(database("beginning a repair"))?;
-        let audit_id: i64 = sqlx::query_scalar(
-            "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
-             VALUES (?1, ?2, ?3, ?4, 'relay', ?5) RETURNING id",
+        let mut tx = begin_repair(&self.pool).await?;
+        let audit_id = open_audit(
+            &mut *tx,
+            request,
+            action,
+            "relay",
+            &serde_json::Value::from(texts.clone()),
         )
-        .bind(now_ms())
-        .bind(request.operator())
-        .bind(request.reason())
-        .bind(action)
-        .bind(&ids_json)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(database("writing the audit row"))?;
+        .await?;
         let mut query = sqlx::query_scalar::<_, String>(statement).bind(&ids_json);
         if let Some(note) = &note {
             query = query.bind(note);
@@ -211,39 +189,12 @@ impl SqliteOps {
         let outcomes: Vec<IdOutcome> = texts
             .into_iter()
             .map(|id| {
-                if changed.contains(&id) {
-                    IdOutcome {
-                        id,
-                        outcome: done.to_owned(),
-                        detail: None,
-                    }
-                } else if let Some(status) = statuses.get(&id) {
-                    IdOutcome {
-                        detail: Some(format!("its status is {status}")),
-                        id,
-                        outcome: not_eligible.to_owned(),
-                    }
-                } else {
-                    IdOutcome {
-                        id,
-                        outcome: "not_found".to_owned(),
-                        detail: Some("no such event (or removed by retention)".to_owned()),
-                    }
-                }
+                let changed = changed.contains(&id);
+                let status = statuses.get(&id).cloned();
+                IdOutcome::for_event(id, changed, status.as_deref(), done, not_eligible)
             })
             .collect();
-        let outcomes_json = serde_json::to_string(&outcomes).map_err(|e| OpsError::Database {
-            doing: "completing the audit row",
-            source: sqlx::Error::Encode(e.into()),
-        })?;
-        sqlx::query("UPDATE outbox_audit SET outcomes = ?1 WHERE id = ?2")
-            .bind(outcomes_json)
-            .bind(audit_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(database("completing the audit row"))?;
-        tx.commit().await.map_err(database("committing a repair"))?;
-        Ok(RepairReport { audit_id, outcomes })
+        close_audit(tx, audit_id, outcomes).await
     }
 }
 
