@@ -99,7 +99,7 @@ const SETTLE_AT: &str = move_position!(" RETURNING ", successor_parked!("?2", "?
 const SET_POSITION: &str = move_position!();
 
 /// Why a handler's `Ok` is not taken when SQLite ended its transaction.
-const ROLLED_BACK: &str = "the handler returned Ok, but SQLite had rolled its transaction back (a statement failed with an error that ends the transaction, and the handler went on); its effects were not committed";
+const ROLLED_BACK: &str = "the handler returned Ok, but the consumer's transaction had ended under it (SQLite rolled it back after a statement error the handler went on from, or the handler sent ROLLBACK or COMMIT on the connection it was given); the inbox row and the position did not commit with its effects, so the message is retried";
 
 /// The consumer's store on a SQLite file: the [`ConsumerStore`] a consumer
 /// built with `ConsumerBuilder::for_connection(name) … .build_on(store)`

@@ -9,8 +9,10 @@
 //! start is redelivered and applied in order, and a dead letter is replayed
 //! once after the fix with an audit row.
 //!
-//! A store's handler fails (retryable) for counters whose name starts with
-//! `poison` while the failure switch is on.
+//! While the failure switch is on, a store's handler fails (retryable) for
+//! counters whose name starts with `poison`, and writes its effect and then
+//! ends the consumer's transaction itself for counters starting with
+//! `rollback` (`ROLLBACK`) or `commit` (`COMMIT`): see [`ending_statement`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -77,6 +79,22 @@ pub fn poisoned(failing: &AtomicBool, counter: &str) -> Result<(), HandlerError>
     Ok(())
 }
 
+/// The statement the stores' handlers send on the consumer's connection
+/// after writing their effect, while `failing` is set, for counters that
+/// ask to end the consumer's transaction from inside the handler.
+pub fn ending_statement(failing: &AtomicBool, counter: &str) -> Option<&'static str> {
+    if !failing.load(AtomicOrdering::SeqCst) {
+        return None;
+    }
+    if counter.starts_with("rollback") {
+        Some("ROLLBACK")
+    } else if counter.starts_with("commit") {
+        Some("COMMIT")
+    } else {
+        None
+    }
+}
+
 /// Three quick attempts, a sweep every 100 ms, and `ordering`.
 fn config(ordering: Ordering) -> ConsumerConfig {
     ConsumerConfig {
@@ -97,6 +115,105 @@ pub async fn run<T: ConsumerUnderTest>() {
     a_quarantined_first_version_holds_its_successors::<T>().await;
     a_failed_strict_start_is_redelivered_and_applied_in_order::<T>().await;
     a_dead_letter_is_replayed_once_with_an_audit_row::<T>().await;
+    a_handler_that_ends_the_transaction_itself_is_a_failed_attempt::<T>().await;
+}
+
+/// What every store says when a handler returned `Ok` without its
+/// transaction.
+const NOT_COMMITTED: &str = "the inbox row and the position did not commit with its effects";
+
+fn assert_retry_not_committed(outcome: Outcome, what: &str) {
+    match outcome {
+        Outcome::Retry { error, .. } => assert!(error.contains(NOT_COMMITTED), "{what}: {error}"),
+        other => panic!("{what}: expected a retry, got {other:?}"),
+    }
+}
+
+/// A handler that sends `ROLLBACK` on the consumer's connection and
+/// returns `Ok` threw the inbox row and the position away with its
+/// effects: acknowledging it would lose the event for this consumer
+/// (later statements would even commit one by one). It is a failed
+/// attempt under every policy, for a later version and for an aggregate's
+/// first (whose strict start is pinned in a transaction of its own before
+/// the handler), and the redelivery applies it.
+/// With `COMMIT` the handler committed the inbox row with its effects, so
+/// the redelivery is a duplicate and the effect is there once.
+async fn a_handler_that_ends_the_transaction_itself_is_a_failed_attempt<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    for (name, ordering) in [
+        ("ends-unordered", Ordering::Unordered),
+        ("ends-stale", Ordering::RejectStale),
+        ("ends-strict", STRICT),
+    ] {
+        let ending = Arc::new(AtomicBool::new(false));
+        let consumer = db.consumer(name, config(ordering), Arc::clone(&ending));
+        assert_eq!(
+            consumer
+                .handle_envelope(&tick("rollback-later", 1))
+                .await
+                .unwrap(),
+            Outcome::Applied
+        );
+        ending.store(true, AtomicOrdering::SeqCst);
+        let later = tick("rollback-later", 2);
+        assert_retry_not_committed(
+            consumer.handle_envelope(&later).await.unwrap(),
+            &format!("{name}, a later version"),
+        );
+        assert_eq!(db.applied(name, "rollback-later").await, vec![1], "{name}");
+        assert_eq!(db.inbox_rows(name).await, 1, "{name}: no inbox row for it");
+        let first = tick("rollback-first", 1);
+        assert_retry_not_committed(
+            consumer.handle_envelope(&first).await.unwrap(),
+            &format!("{name}, a first version"),
+        );
+        assert_eq!(db.applied(name, "rollback-first").await, Vec::<i64>::new());
+        ending.store(false, AtomicOrdering::SeqCst);
+        for (redelivered, counter, versions) in [
+            (&later, "rollback-later", vec![1, 2]),
+            (&first, "rollback-first", vec![1]),
+        ] {
+            assert_eq!(
+                consumer
+                    .handle(&Incoming::from_envelope(redelivered, 2))
+                    .await
+                    .unwrap(),
+                Outcome::Applied,
+                "{name}: the redelivery of {counter}"
+            );
+            assert_eq!(db.applied(name, counter).await, versions, "{name}");
+        }
+        assert_eq!(
+            consumer
+                .handle_envelope(&tick("rollback-later", 3))
+                .await
+                .unwrap(),
+            Outcome::Applied,
+            "{name}: the aggregate goes on in order"
+        );
+    }
+    let ending = Arc::new(AtomicBool::new(true));
+    let consumer = db.consumer(
+        "ends-commit",
+        config(Ordering::Unordered),
+        Arc::clone(&ending),
+    );
+    let committed = tick("commit-1", 1);
+    assert_retry_not_committed(
+        consumer.handle_envelope(&committed).await.unwrap(),
+        "a handler's own COMMIT",
+    );
+    ending.store(false, AtomicOrdering::SeqCst);
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&committed, 2))
+            .await
+            .unwrap(),
+        Outcome::Duplicate,
+        "the handler's COMMIT took the inbox row with its effect"
+    );
+    assert_eq!(db.applied("ends-commit", "commit-1").await, vec![1]);
+    db.finish().await;
 }
 
 async fn duplicates_take_effect_once<T: ConsumerUnderTest>() {

@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicBool;
 use outbox_core::consumer::{Consumer, ConsumerBuilder, ConsumerConfig};
 use outbox_core::store::PgConsumerStore;
 use outbox_tests::TestDb;
-use outbox_tests::consumer_conformance::{self, ConsumerUnderTest, LetterRow, poisoned};
+use outbox_tests::consumer_conformance::{
+    self, ConsumerUnderTest, LetterRow, ending_statement, poisoned,
+};
 use outbox_tests::events::Ticked;
 use sqlx::AssertSqlSafe;
 
@@ -40,6 +42,7 @@ impl ConsumerUnderTest for Postgres {
             .config(config)
             .on_fn::<Ticked, _>(move |tick, tx| {
                 let poisoned = poisoned(&failing, &tick.event.counter);
+                let ending = ending_statement(&failing, &tick.event.counter);
                 let insert = insert.clone();
                 Box::pin(async move {
                     poisoned?;
@@ -49,6 +52,9 @@ impl ConsumerUnderTest for Postgres {
                         .bind(tick.meta.aggregate_version)
                         .execute(&mut *tx)
                         .await?;
+                    if let Some(statement) = ending {
+                        sqlx::raw_sql(statement).execute(&mut *tx).await?;
+                    }
                     Ok(())
                 })
             })

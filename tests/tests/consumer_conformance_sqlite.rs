@@ -6,7 +6,9 @@ use std::sync::atomic::AtomicBool;
 
 use outbox_core::consumer::{Consumer, ConsumerBuilder, ConsumerConfig};
 use outbox_sqlite::SqliteConsumerStore;
-use outbox_tests::consumer_conformance::{self, ConsumerUnderTest, LetterRow, poisoned};
+use outbox_tests::consumer_conformance::{
+    self, ConsumerUnderTest, LetterRow, ending_statement, poisoned,
+};
 use outbox_tests::events::Ticked;
 use sqlx::{SqliteConnection, SqlitePool};
 
@@ -43,6 +45,7 @@ impl ConsumerUnderTest for Sqlite {
             .config(config)
             .on_fn::<Ticked, _>(move |tick, tx| {
                 let poisoned = poisoned(&failing, &tick.event.counter);
+                let ending = ending_statement(&failing, &tick.event.counter);
                 Box::pin(async move {
                     poisoned?;
                     sqlx::query(
@@ -53,6 +56,9 @@ impl ConsumerUnderTest for Sqlite {
                     .bind(tick.meta.aggregate_version)
                     .execute(&mut *tx)
                     .await?;
+                    if let Some(statement) = ending {
+                        sqlx::raw_sql(statement).execute(&mut *tx).await?;
+                    }
                     Ok(())
                 })
             })

@@ -63,8 +63,8 @@ pub use builder::{BuildError, BuildErrors, ConsumerBuilder};
 pub use config::{ConsumerConfig, Ordering, RetryPolicy, StrictStart};
 pub use handler::{EventMeta, Handler, HandlerError, Received, idempotency_key};
 pub use incoming::{Incoming, Outcome};
-pub use process::ConsumerError;
 pub(crate) use process::SWALLOWED;
+pub use process::{ConsumerError, HANDLER_ENDED_TRANSACTION};
 pub use replay::{ReplayError, ReplayOutcome, ReplayReport};
 pub use runner::ConsumerTask;
 pub use source::{

@@ -177,7 +177,12 @@ pub trait ConsumerStore: Send + Sync + 'static {
 
     /// Whether the transaction can still commit what the handler did: a
     /// handler that caught a statement error and returned `Ok` may have
-    /// left it failed, and a commit would then drop its effects silently.
+    /// left it failed, and a commit would then drop its effects silently;
+    /// a handler that ended the consumer's transaction itself (`ROLLBACK`
+    /// or `COMMIT` on the connection it was given) has separated its
+    /// effects from the inbox row and the position. Either is a failed
+    /// attempt ([`HANDLER_ENDED_TRANSACTION`](super::HANDLER_ENDED_TRANSACTION)
+    /// for the second).
     fn transaction_intact(
         &self,
         conn: &mut StoreConnection<Self>,

@@ -14,11 +14,11 @@ use super::SchemaName;
 use super::audit::AuditSql;
 use crate::audit::RepairRequest;
 use crate::consumer::HandlerError;
-use crate::consumer::SWALLOWED;
 use crate::consumer::store::{
     ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
     StrictClaim,
 };
+use crate::consumer::{HANDLER_ENDED_TRANSACTION, SWALLOWED};
 use crate::envelope::Envelope;
 
 /// Reads a position from `version, pinned, start_version` at columns
@@ -630,10 +630,11 @@ impl PgConsumerStore {
     }
 }
 
-/// Cuts a handler's statements off after `timeout` (same round trip as BEGIN).
+/// Cuts a handler's statements off after `timeout`, and takes the
+/// savepoint `transaction_intact` looks for (same round trip as BEGIN).
 fn begin_sql(timeout: Duration) -> String {
     format!(
-        "BEGIN; SET LOCAL statement_timeout = {}",
+        "BEGIN; SET LOCAL statement_timeout = {}; SAVEPOINT outbox_message",
         timeout.as_millis().max(1)
     )
 }
@@ -679,13 +680,27 @@ impl ConsumerStore for PgConsumerStore {
 
     /// A handler that caught a statement error and returned `Ok` leaves
     /// the transaction failed; PostgreSQL would turn the COMMIT into a
-    /// silent ROLLBACK. One trivial statement finds out (sqlx does not
-    /// expose the server's transaction status).
+    /// silent ROLLBACK. A handler that sent `ROLLBACK` or `COMMIT` itself
+    /// ended the transaction the inbox row and position were written in.
+    /// One round trip finds out (sqlx does not expose the server's
+    /// transaction status): releasing the savepoint `begin` took fails
+    /// with 25P02 in a failed transaction, and with 25P01 (no transaction)
+    /// or 3B001 (no such savepoint, in a transaction the handler began)
+    /// when the handler ended ours. The savepoint is taken anew for the
+    /// next handler of a batch.
     async fn transaction_intact(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
-        match sqlx::query("SELECT 1").execute(&mut *conn).await {
+        match sqlx::raw_sql("RELEASE SAVEPOINT outbox_message; SAVEPOINT outbox_message")
+            .execute(&mut *conn)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(error) if super::has_sqlstate(&error, "25P02") => {
                 Err(HandlerError::retryable(SWALLOWED))
+            }
+            Err(error)
+                if super::has_sqlstate(&error, "25P01") || super::has_sqlstate(&error, "3B001") =>
+            {
+                Err(HandlerError::retryable(HANDLER_ENDED_TRANSACTION))
             }
             Err(error) => Err(HandlerError::retryable(error)),
         }
