@@ -234,7 +234,7 @@ async fn a_handler_ok_after_sqlite_ended_its_transaction_is_a_failed_attempt() {
     let outcome = consumer.handle_envelope(&event).await.unwrap();
     match &outcome {
         Outcome::Retry { error, .. } => {
-            assert!(error.contains("rolled its transaction back"), "{error}")
+            assert!(error.contains("SQLite rolled it back"), "{error}")
         }
         other => panic!("expected a retry, got {other:?}"),
     }
