@@ -84,11 +84,48 @@ macro_rules! successor_parked {
     };
 }
 
-/// The position moved only from the version before (this is the next
-/// version), saying whether its successor waits parked.
-const ADVANCE_TO_NEXT: &str = move_position!(
-    " AND version = ?4 - 1 RETURNING ",
-    successor_parked!("?2", "?3", "?4", "?5")
+/// The inbox key `?6` of consumer `?1`, unless an open letter holds the
+/// event, returning a row (`0`) when it is new. The statement that follows
+/// it in one call runs only then: it asks `changes()`, which is this
+/// insert's count until it completes itself.
+macro_rules! claim_inbox {
+    () => {
+        "INSERT INTO outbox_processed_events (consumer_name, event_id, processed_at)
+         SELECT ?1, ?6, ?5 WHERE NOT EXISTS (
+             SELECT 1 FROM outbox_dead_letters
+             WHERE consumer_name = ?1 AND event_id = ?6 AND resolved_at IS NULL)
+         ON CONFLICT DO NOTHING
+         RETURNING 0;
+        "
+    };
+}
+
+/// Strict, in one call: the inbox key, then the position moved only from
+/// the version before (this is the next version), saying whether its
+/// successor waits parked. Rows: none for a duplicate, `0` for a new key,
+/// then the successor flag when the position moved. Binds: consumer,
+/// aggregate type, aggregate id, version, now, event id.
+const CLAIM_STRICT: &str = concat!(
+    claim_inbox!(),
+    move_position!(
+        " AND version = ?4 - 1 AND changes() = 1 RETURNING ",
+        successor_parked!("?2", "?3", "?4", "?5")
+    )
+);
+
+/// RejectStale, in one call: the inbox key, then the position moved to this
+/// version when it is newer (created at it for a first message). Rows:
+/// none for a duplicate, `0` for a new key, then `1` when the position
+/// moved. Binds as [`CLAIM_STRICT`].
+const CLAIM_STALE: &str = concat!(
+    claim_inbox!(),
+    "INSERT INTO outbox_consumer_positions AS p
+        (consumer_name, aggregate_type, aggregate_id, version, pinned, updated_at)
+     SELECT ?1, ?2, ?3, ?4, 1, ?5 WHERE changes() = 1
+     ON CONFLICT (consumer_name, aggregate_type, aggregate_id)
+     DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at
+     WHERE p.version < excluded.version
+     RETURNING 1"
 );
 
 /// The position moved to this version, saying whether its successor waits
@@ -281,6 +318,25 @@ impl SqliteConsumerStore {
         }
         Ok(written)
     }
+}
+
+/// Runs one of the claim-and-move calls ([`CLAIM_STRICT`], [`CLAIM_STALE`])
+/// for `envelope`; returns its rows in statement order.
+async fn claim_and_move(
+    conn: &mut SqliteConnection,
+    statements: &'static str,
+    consumer: &str,
+    envelope: &Envelope,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(statements)
+        .bind(consumer)
+        .bind(&envelope.aggregate_type)
+        .bind(&envelope.aggregate_id)
+        .bind(envelope.aggregate_version)
+        .bind(now_ms())
+        .bind(envelope.id.to_string())
+        .fetch_all(conn)
+        .await
 }
 
 impl ConsumerStore for SqliteConsumerStore {
@@ -541,29 +597,23 @@ impl ConsumerStore for SqliteConsumerStore {
     }
 
     /// The inbox key, then the position moved to this version when it is
-    /// the next one, else the position (created for a first message) for
-    /// the ordering decision.
+    /// the next one (one call into SQLite), else the position (created for
+    /// a first message) for the ordering decision.
     async fn claim_strict(
         &self,
         conn: &mut SqliteConnection,
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<Option<StrictClaim>> {
-        if !self.claim_one(conn, consumer, envelope.id).await? {
-            return Ok(None);
-        }
-        // Moved when it is the next version, saying in the same statement
-        // whether its successor waits parked.
-        let advanced: Option<bool> = sqlx::query_scalar(ADVANCE_TO_NEXT)
-            .bind(consumer)
-            .bind(&envelope.aggregate_type)
-            .bind(&envelope.aggregate_id)
-            .bind(envelope.aggregate_version)
-            .bind(now_ms())
-            .fetch_optional(&mut *conn)
-            .await?;
-        if let Some(successor_parked) = advanced {
-            return Ok(Some(StrictClaim::Advanced { successor_parked }));
+        let rows = claim_and_move(conn, CLAIM_STRICT, consumer, envelope).await?;
+        match rows.as_slice() {
+            [] => return Ok(None),
+            [_, successor_parked] => {
+                return Ok(Some(StrictClaim::Advanced {
+                    successor_parked: *successor_parked != 0,
+                }));
+            }
+            _ => {}
         }
         let position = self
             .lock_position(
@@ -582,10 +632,12 @@ impl ConsumerStore for SqliteConsumerStore {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<Option<bool>> {
-        if !self.claim_one(conn, consumer, envelope.id).await? {
-            return Ok(None);
-        }
-        Ok(Some(self.advance_if_newer(conn, consumer, envelope).await?))
+        let rows = claim_and_move(conn, CLAIM_STALE, consumer, envelope).await?;
+        Ok(match rows.as_slice() {
+            [] => None,
+            [_] => Some(false),
+            _ => Some(true),
+        })
     }
 
     async fn settle_strict(
