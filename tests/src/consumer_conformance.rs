@@ -6,8 +6,10 @@
 //! duplicate take effect once), versions out of order under each policy,
 //! a strict gap that never closes ends in dead letters naming the missing
 //! version, a quarantined version 1 holds its successors, a failed strict
-//! start is redelivered and applied in order, and a dead letter is replayed
-//! once after the fix with an audit row.
+//! start is redelivered and applied in order, a dead letter is replayed
+//! once after the fix with an audit row, a handler that ends the
+//! consumer's transaction itself is a failed attempt, and strict batches
+//! decide each message as it would be decided alone.
 //!
 //! While the failure switch is on, a store's handler fails (retryable) for
 //! counters whose name starts with `poison`, and writes its effect and then
@@ -116,6 +118,73 @@ pub async fn run<T: ConsumerUnderTest>() {
     a_failed_strict_start_is_redelivered_and_applied_in_order::<T>().await;
     a_dead_letter_is_replayed_once_with_an_audit_row::<T>().await;
     a_handler_that_ends_the_transaction_itself_is_a_failed_attempt::<T>().await;
+    strict_batches_apply_each_aggregate_in_version_order::<T>().await;
+}
+
+/// A batch of messages decides each message as it would have been decided
+/// alone, in delivery order: an aggregate's versions that arrive out of
+/// order in one batch are applied in order, a version past a gap parks,
+/// a redelivery in the same batch is a duplicate, and another event at an
+/// applied version is stale.
+async fn strict_batches_apply_each_aggregate_in_version_order<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    let consumer = db.consumer(
+        "batch",
+        ConsumerConfig {
+            batch_size: 10,
+            ..config(STRICT)
+        },
+        Arc::default(),
+    );
+    let deliver = |versions: &[(&str, i64)]| -> Vec<Incoming> {
+        versions
+            .iter()
+            .map(|(counter, v)| Incoming::from_envelope(&tick(counter, *v), 1))
+            .collect()
+    };
+    let outcomes = consumer
+        .handle_batch(&deliver(&[
+            ("s", 3),
+            ("t", 2),
+            ("s", 1),
+            ("s", 2),
+            ("t", 4),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Parked { waiting_for: 1 },
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Parked { waiting_for: 1 },
+        ]
+    );
+    let s4 = tick("s", 4);
+    let mut batch = deliver(&[("t", 1)]);
+    batch.push(Incoming::from_envelope(&s4, 1));
+    batch.push(Incoming::from_envelope(&s4, 2));
+    batch.extend(deliver(&[("s", 4)]));
+    let outcomes = consumer.handle_batch(&batch).await.unwrap();
+    assert_eq!(
+        outcomes,
+        vec![
+            Outcome::Applied,
+            Outcome::Applied,
+            Outcome::Duplicate,
+            Outcome::Stale { position: Some(4) }
+        ],
+        "s's 4 twice (a redelivery in the same batch), then another event at s's version 4"
+    );
+    assert_eq!(db.applied("batch", "s").await, vec![1, 2, 3, 4]);
+    assert_eq!(
+        db.applied("batch", "t").await,
+        vec![1, 2],
+        "t's 4 waits for 3"
+    );
+    db.finish().await;
 }
 
 /// What every store says when a handler returned `Ok` without its
