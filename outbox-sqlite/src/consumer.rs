@@ -1338,18 +1338,7 @@ impl ConsumerStore for SqliteConsumerStore {
         ids: &[String],
     ) -> sqlx::Result<i64> {
         let ids = serde_json::to_string(ids).map_err(encode_error)?;
-        sqlx::query_scalar(
-            "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
-        )
-        .bind(now_ms())
-        .bind(request.operator())
-        .bind(request.reason())
-        .bind(action)
-        .bind(target)
-        .bind(ids)
-        .fetch_one(conn)
-        .await
+        crate::ops::audit_row::insert_audit(conn, request, action, target, &ids).await
     }
 
     /// Appends to the row's outcomes array (an empty one when it has none).

@@ -27,6 +27,20 @@ pub(super) async fn open_audit(
     target: &str,
     ids: &serde_json::Value,
 ) -> Result<i64, OpsError> {
+    insert_audit(executor, request, action, target, &ids.to_string())
+        .await
+        .map_err(database("writing the audit row"))
+}
+
+/// The audit row's insert, for the operations API and for the consumer
+/// (which audits the replays it runs); `ids_json` is a JSON array.
+pub(crate) async fn insert_audit(
+    executor: impl SqliteExecutor<'_>,
+    request: &RepairRequest,
+    action: &str,
+    target: &str,
+    ids_json: &str,
+) -> sqlx::Result<i64> {
     sqlx::query_scalar(
         "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
@@ -36,10 +50,9 @@ pub(super) async fn open_audit(
     .bind(request.reason())
     .bind(action)
     .bind(target)
-    .bind(ids.to_string())
+    .bind(ids_json)
     .fetch_one(executor)
     .await
-    .map_err(database("writing the audit row"))
 }
 
 /// Stores what a repair did on its audit row.

@@ -7,7 +7,7 @@
 //! [`outbox_core::ops::Ops`], so the `outbox` CLI runs on a SQLite file
 //! unchanged.
 
-mod audit_row;
+pub(crate) mod audit_row;
 mod cleanup;
 mod letters;
 mod reads;
