@@ -36,9 +36,10 @@ use outbox_core::consumer::store::{
     ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
     StrictClaim,
 };
+use sqlx::error::BoxDynError;
 use sqlx::pool::PoolConnection;
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Arguments, Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use uuid::Uuid;
 
 use crate::{millis, now_ms};
@@ -328,15 +329,26 @@ async fn claim_and_move(
     consumer: &str,
     envelope: &Envelope,
 ) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar(statements)
-        .bind(consumer)
-        .bind(&envelope.aggregate_type)
-        .bind(&envelope.aggregate_id)
-        .bind(envelope.aggregate_version)
-        .bind(now_ms())
-        .bind(envelope.id.to_string())
+    let mut arguments = position_arguments(consumer, envelope)?;
+    arguments
+        .add(envelope.id.to_string())
+        .map_err(sqlx::Error::Encode)?;
+    sqlx::query_scalar_with(statements, arguments)
         .fetch_all(conn)
         .await
+}
+
+/// The binds every statement on `envelope`'s position starts with:
+/// consumer, aggregate type, aggregate id, version, now.
+fn position_arguments(consumer: &str, envelope: &Envelope) -> sqlx::Result<SqliteArguments> {
+    let mut arguments = SqliteArguments::default();
+    let encoded = |added: Result<(), BoxDynError>| added.map_err(sqlx::Error::Encode);
+    encoded(arguments.add(consumer))?;
+    encoded(arguments.add(envelope.aggregate_type.as_str()))?;
+    encoded(arguments.add(envelope.aggregate_id.as_str()))?;
+    encoded(arguments.add(envelope.aggregate_version))?;
+    encoded(arguments.add(now_ms()))?;
+    Ok(arguments)
 }
 
 impl ConsumerStore for SqliteConsumerStore {
@@ -646,14 +658,10 @@ impl ConsumerStore for SqliteConsumerStore {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<bool> {
-        let ready: Option<bool> = sqlx::query_scalar(SETTLE_AT)
-            .bind(consumer)
-            .bind(&envelope.aggregate_type)
-            .bind(&envelope.aggregate_id)
-            .bind(envelope.aggregate_version)
-            .bind(now_ms())
-            .fetch_optional(conn)
-            .await?;
+        let ready: Option<bool> =
+            sqlx::query_scalar_with(SETTLE_AT, position_arguments(consumer, envelope)?)
+                .fetch_optional(conn)
+                .await?;
         Ok(ready.unwrap_or(false))
     }
 
@@ -788,7 +796,7 @@ impl ConsumerStore for SqliteConsumerStore {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<bool> {
-        let moved: Option<i64> = sqlx::query_scalar(
+        let moved: Option<i64> = sqlx::query_scalar_with(
             "INSERT INTO outbox_consumer_positions AS p
                 (consumer_name, aggregate_type, aggregate_id, version, pinned, updated_at)
              VALUES (?1, ?2, ?3, ?4, 1, ?5)
@@ -796,12 +804,8 @@ impl ConsumerStore for SqliteConsumerStore {
              DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at
              WHERE p.version < excluded.version
              RETURNING version",
+            position_arguments(consumer, envelope)?,
         )
-        .bind(consumer)
-        .bind(&envelope.aggregate_type)
-        .bind(&envelope.aggregate_id)
-        .bind(envelope.aggregate_version)
-        .bind(now_ms())
         .fetch_optional(conn)
         .await?;
         Ok(moved.is_some())
@@ -917,12 +921,7 @@ impl ConsumerStore for SqliteConsumerStore {
         consumer: &str,
         envelope: &Envelope,
     ) -> sqlx::Result<()> {
-        sqlx::query(SET_POSITION)
-            .bind(consumer)
-            .bind(&envelope.aggregate_type)
-            .bind(&envelope.aggregate_id)
-            .bind(envelope.aggregate_version)
-            .bind(now_ms())
+        sqlx::query_with(SET_POSITION, position_arguments(consumer, envelope)?)
             .execute(conn)
             .await?;
         Ok(())
