@@ -89,7 +89,8 @@ pub async fn settle(db: &TestDb, limit: Duration, poll: Duration) -> Result<Dura
         if Instant::now() > deadline {
             return Err(match state {
                 Ok((open, strict, stale)) => format!(
-                    "after {limit:?}: {open} events not published, {strict} not applied or (behind a poison version) dead-lettered by strict, {stale} aggregates behind in stale"
+                    "after {limit:?}: {open} events not published, {strict} not applied or (behind a poison version) dead-lettered by strict, {stale} aggregates behind in stale; strict's missing: {}",
+                    strict_missing(db).await.unwrap_or_else(|error| error)
                 ),
                 Err(error) => format!("after {limit:?}: {error}"),
             });
@@ -100,6 +101,41 @@ pub async fn settle(db: &TestDb, limit: Duration, poll: Duration) -> Result<Dura
     // Redeliveries of the last messages settle as duplicates.
     tokio::time::sleep(Duration::from_secs(3)).await;
     Ok(took)
+}
+
+/// Up to ten events the strict consumer has neither applied nor (behind a
+/// poison version) dead-lettered, each with what the consumer holds for
+/// it: its inbox row, a parked row (attempts, retry due, last error), a
+/// letter, its start count and retry record, and the aggregate's position.
+async fn strict_missing(db: &TestDb) -> Result<String, String> {
+    let sql = "SELECT o.aggregate_id || ' v' || o.aggregate_version || ' (' || o.status || ')'
+            || ' inbox=' || EXISTS (SELECT 1 FROM {s}.outbox_processed_events p
+                                    WHERE p.consumer_name = 'strict' AND p.event_id = o.id)
+            || ' parked=' || coalesce((SELECT k.attempts || '/' || coalesce(k.retry_at::text, '-')
+                                       || '/' || coalesce(left(k.last_error, 120), '-')
+                                       FROM {s}.outbox_consumer_parked k
+                                       WHERE k.consumer_name = 'strict' AND k.event_id = o.id), 'no')
+            || ' letter=' || coalesce((SELECT string_agg(d.kind || ':' || coalesce(d.resolution, 'open'), ',')
+                                       FROM {s}.outbox_dead_letters d
+                                       WHERE d.consumer_name = 'strict' AND d.event_id = o.id), 'no')
+            || ' attempts=' || coalesce((SELECT a::text FROM {s}.outbox_consumer_attempts a
+                                         WHERE a.consumer_name = 'strict' AND a.event_id = o.id), 'no')
+            || ' position=' || coalesce((SELECT p::text FROM {s}.outbox_consumer_positions p
+                                         WHERE p.consumer_name = 'strict'
+                                           AND p.aggregate_type = o.aggregate_type
+                                           AND p.aggregate_id = o.aggregate_id), 'none')
+        FROM {s}.outbox_events o
+        WHERE NOT EXISTS (SELECT 1 FROM {s}.effects e WHERE e.consumer = 'strict' AND e.event_id = o.id)
+          AND NOT (o.aggregate_id LIKE 'poison-%' AND (o.aggregate_version = 1 OR EXISTS (
+                SELECT 1 FROM {s}.outbox_dead_letters d
+                WHERE d.consumer_name = 'strict' AND d.event_id = o.id)))
+        ORDER BY o.aggregate_id, o.aggregate_version LIMIT 10";
+    let rows: Vec<Option<String>> =
+        sqlx::query_scalar(AssertSqlSafe(sql.replace("{s}", &db.schema.quoted())))
+            .fetch_all(&db.pool)
+            .await
+            .map_err(|e| e.to_string())?;
+    Ok(rows.into_iter().flatten().collect::<Vec<_>>().join("; "))
 }
 
 /// Aggregates whose last version the stale consumer has not applied.
@@ -197,28 +233,11 @@ pub async fn check(db: &TestDb, expected: &Expected<'_>) -> Vec<Check> {
         if ordering != "strict" {
             // RejectStale passes over a version that arrives after a newer
             // one (shuffled deliveries): the last one is what must land.
-            let behind = scalar(
-                db,
-                &format!(
-                    "SELECT count(*) FROM (
-                        SELECT aggregate_id, max(aggregate_version) AS last FROM {{s}}.outbox_events
-                        WHERE aggregate_id LIKE 'poison-%' GROUP BY aggregate_id) o
-                     WHERE o.last IS DISTINCT FROM (
-                        SELECT max(aggregate_version) FROM {{s}}.effects e
-                        WHERE e.consumer = '{name}' AND e.aggregate_id = o.aggregate_id)"
-                ),
-            )
-            .await;
             push(
                 &format!(
                     "{name}: the poison aggregates go on past their quarantined version 1 to their last version"
                 ),
-                behind.map(|n| {
-                    (
-                        n == 0,
-                        format!("{n} poison aggregates not at their last version"),
-                    )
-                }),
+                poison_behind(db, name).await,
             );
         }
         if ordering == "strict" {
@@ -311,6 +330,56 @@ async fn letters(
             behind_poison.len(),
             injected.len(),
             without_id
+        ),
+    ))
+}
+
+/// The poison aggregates whose last version consumer `name` has not
+/// applied, each with what that consumer holds for it (applied versions,
+/// inbox rows, letters), so a failure names its counterexample.
+async fn poison_behind(db: &TestDb, name: &str) -> Result<(bool, String), String> {
+    let sql = "SELECT o.aggregate_id, o.last,
+            (SELECT coalesce(string_agg(e.aggregate_version::text, ',' ORDER BY e.seq), '')
+             FROM {s}.effects e WHERE e.consumer = $1 AND e.aggregate_id = o.aggregate_id),
+            (SELECT coalesce(string_agg(v.aggregate_version::text, ',' ORDER BY v.aggregate_version), '')
+             FROM {s}.outbox_events v JOIN {s}.outbox_processed_events p
+               ON p.event_id = v.id AND p.consumer_name = $1
+             WHERE v.aggregate_id = o.aggregate_id),
+            (SELECT coalesce(string_agg(d.kind || ':' || coalesce(v.aggregate_version::text, '?'), ',' ORDER BY d.kind), '')
+             FROM {s}.outbox_dead_letters d LEFT JOIN {s}.outbox_events v ON v.id = d.event_id
+             WHERE d.consumer_name = $1 AND v.aggregate_id = o.aggregate_id)
+        FROM (SELECT aggregate_id, max(aggregate_version) AS last FROM {s}.outbox_events
+              WHERE aggregate_id LIKE 'poison-%' GROUP BY aggregate_id) o
+        WHERE o.last IS DISTINCT FROM (
+            SELECT max(aggregate_version) FROM {s}.effects e
+            WHERE e.consumer = $1 AND e.aggregate_id = o.aggregate_id)
+        ORDER BY o.aggregate_id";
+    let behind: Vec<(String, i64, String, String, String)> =
+        sqlx::query_as(AssertSqlSafe(sql.replace("{s}", &db.schema.quoted())))
+            .bind(name)
+            .fetch_all(&db.pool)
+            .await
+            .map_err(|e| e.to_string())?;
+    if behind.is_empty() {
+        return Ok((
+            true,
+            "every poison aggregate at its last version".to_owned(),
+        ));
+    }
+    let listed: Vec<String> = behind
+        .iter()
+        .map(|(aggregate, last, applied, inbox, letters)| {
+            format!(
+                "{aggregate} (last {last}; applied [{applied}], inbox [{inbox}], letters [{letters}])"
+            )
+        })
+        .collect();
+    Ok((
+        false,
+        format!(
+            "{} poison aggregates not at their last version: {}",
+            behind.len(),
+            listed.join("; ")
         ),
     ))
 }
