@@ -34,7 +34,7 @@ use outbox_core::audit::RepairRequest;
 use outbox_core::consumer::HandlerError;
 use outbox_core::consumer::store::{
     ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
-    StrictClaim,
+    StrictClaim, parked_letter_parts,
 };
 use sqlx::error::BoxDynError;
 use sqlx::pool::PoolConnection;
@@ -227,41 +227,6 @@ fn uuid_text(text: &str) -> sqlx::Result<Uuid> {
         .map_err(|error: uuid::Error| sqlx::Error::Decode(error.into()))
 }
 
-/// The attributes of a parked message moved to a letter, as its headers
-/// (the CloudEvents attributes it arrived with), and its payload bytes.
-fn moved_letter_parts(envelope_json: &str) -> (serde_json::Value, Vec<u8>, Option<Envelope>) {
-    let Ok(envelope) = serde_json::from_str::<Envelope>(envelope_json) else {
-        // Not readable as an envelope: keep the stored text whole.
-        return (
-            serde_json::json!({}),
-            envelope_json.as_bytes().to_vec(),
-            None,
-        );
-    };
-    let mut headers = serde_json::Map::new();
-    let mut put = |key: &str, value: String| {
-        headers.insert(key.to_owned(), serde_json::Value::String(value));
-    };
-    put("specversion", "1.0".into());
-    put("id", envelope.id.to_string());
-    put("type", envelope.event_type.clone());
-    put("schemaversion", envelope.schema_version.to_string());
-    put("aggregatetype", envelope.aggregate_type.clone());
-    put("aggregateid", envelope.aggregate_id.clone());
-    put("aggregateversion", envelope.aggregate_version.to_string());
-    put(
-        "time",
-        envelope
-            .occurred_at
-            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-    );
-    if let Some(traceparent) = &envelope.traceparent {
-        put("traceparent", traceparent.clone());
-    }
-    let payload = envelope.payload.get().as_bytes().to_vec();
-    (serde_json::Value::Object(headers), payload, Some(envelope))
-}
-
 impl SqliteConsumerStore {
     /// Moves the given parked messages of an aggregate to the dead letters
     /// with `reason`: their inbox rows go (they were never applied, so a
@@ -293,7 +258,7 @@ impl SqliteConsumerStore {
             .bind(&event_id)
             .execute(&mut *conn)
             .await?;
-            let (headers, payload, envelope) = moved_letter_parts(&envelope_json);
+            let (headers, payload, envelope) = parked_letter_parts(&envelope_json);
             let done = sqlx::query(
                 "INSERT INTO outbox_dead_letters
                     (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,

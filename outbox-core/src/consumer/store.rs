@@ -145,6 +145,43 @@ pub struct ExpiredAggregate {
     pub first_parked: i64,
 }
 
+/// The parts of a letter for a parked message moved to the dead letters,
+/// from the envelope JSON the store kept: its headers (the CloudEvents
+/// attributes it arrived with), its payload bytes and the envelope. Text
+/// that no longer reads as an envelope is kept whole as the payload, with
+/// no headers.
+pub fn parked_letter_parts(envelope_json: &str) -> (serde_json::Value, Vec<u8>, Option<Envelope>) {
+    let Ok(envelope) = serde_json::from_str::<Envelope>(envelope_json) else {
+        return (
+            serde_json::json!({}),
+            envelope_json.as_bytes().to_vec(),
+            None,
+        );
+    };
+    let mut headers = serde_json::Map::new();
+    let mut put = |key: &str, value: String| {
+        headers.insert(key.to_owned(), serde_json::Value::String(value));
+    };
+    put("specversion", "1.0".into());
+    put("id", envelope.id.to_string());
+    put("type", envelope.event_type.clone());
+    put("schemaversion", envelope.schema_version.to_string());
+    put("aggregatetype", envelope.aggregate_type.clone());
+    put("aggregateid", envelope.aggregate_id.clone());
+    put("aggregateversion", envelope.aggregate_version.to_string());
+    put(
+        "time",
+        envelope
+            .occurred_at
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+    );
+    if let Some(traceparent) = &envelope.traceparent {
+        put("traceparent", traceparent.clone());
+    }
+    let payload = envelope.payload.get().as_bytes().to_vec();
+    (serde_json::Value::Object(headers), payload, Some(envelope))
+}
+
 /// The store a consumer keeps its inbox, positions, parked messages,
 /// letters, replay requests and counts in.
 ///
