@@ -16,22 +16,32 @@
 //!   where the token still stands (a fence). READ COMMITTED takes no gap
 //!   locks, so producers inserting during a claim do not wait for it.
 //! - [`MySqlOps`] is the operations API over the tables
-//!   ([`outbox_core::ops::OperationsStore`]): status, listings, the audit
-//!   log, the relay's repairs and retention.
+//!   ([`outbox_core::ops::OperationsStore`]: status, listings, the audit
+//!   log, the relay's repairs and retention; and
+//!   [`outbox_core::ops::LetterStore`]: a consumer's letters, positions,
+//!   replay requests and discards).
+//! - [`MySqlConsumerStore`] is the consumer's store seam
+//!   ([`outbox_core::consumer::store::ConsumerStore`]): the inbox, the
+//!   ordering policies' positions and parked messages, quarantine and dead
+//!   letters, replays, in READ COMMITTED transactions the handlers write
+//!   their effects in (`&mut MySqlConnection`).
 //! - [`connect`] opens a pool and refuses a server without `SKIP LOCKED`;
 //!   [`migrate`] creates the tables (safe to run again: MySQL has no
 //!   transactional DDL, so every step is idempotent instead).
 //!
-//! Not here yet: the consumer's inbox, ordering and letters (PostgreSQL
-//! only). The `outbox` CLI takes `mysql://` URLs for the relay's commands.
+//! The `outbox` CLI and the console take `mysql://` URLs for the relay's
+//! and the consumer's commands alike.
 
+mod aggregate_key;
 mod connect;
+mod consumer;
 mod emit;
 mod migrate;
 mod ops;
 mod relay;
 
 pub use connect::{ConnectError, ServerVersion, check_server, connect};
+pub use consumer::MySqlConsumerStore;
 pub use emit::MySqlOutbox;
 pub use migrate::{MigrateError, SCHEMA_VERSION, SchemaError, check_schema, migrate};
 pub use ops::MySqlOps;

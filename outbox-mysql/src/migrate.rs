@@ -22,8 +22,9 @@
 use sqlx::MySqlPool;
 
 /// The schema version this crate writes and reads (2: the emit procedure,
-/// the head-test index, no index on the lease token).
-pub const SCHEMA_VERSION: i64 = 2;
+/// the head-test index, no index on the lease token; 3: the consumer's
+/// tables).
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Migrating failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,12 +45,118 @@ pub enum MigrateError {
 }
 
 /// The tables [`TABLES`] creates, in its order.
-const TABLE_NAMES: [&str; 5] = [
+const TABLE_NAMES: [&str; 11] = [
     "outbox_schema_version",
     "outbox_events",
     "outbox_aggregate_versions",
     "outbox_idempotency_keys",
     "outbox_audit",
+    "outbox_processed_events",
+    "outbox_consumer_attempts",
+    "outbox_consumer_positions",
+    "outbox_consumer_parked",
+    "outbox_dead_letters",
+    "outbox_consumer_stats",
+];
+
+/// The consumer's tables (schema version 3), as on PostgreSQL and SQLite,
+/// with what InnoDB's 3,072-byte keys and missing partial indexes ask for:
+///
+/// - consumer names are ASCII (the consumer validates them so), event ids
+///   UUID text;
+/// - an aggregate is keyed by `aggregate_key`, the SHA-256 of its type, a
+///   zero byte and its id (written by the store): a 255-character type and
+///   a 500-character id in `utf8mb4` do not fit one key with the consumer's
+///   name;
+/// - an open letter's event id is repeated in `open_event_id`, a stored
+///   generated column that is NULL once the letter is resolved: a unique
+///   key on it allows one open letter per event, as PostgreSQL's partial
+///   unique index does (`VARCHAR`, not `CHAR`: MariaDB refuses a generated
+///   column over a `CHAR`, whose value depends on the SQL mode's padding).
+const CONSUMER_TABLES: [&str; 6] = [
+    "CREATE TABLE IF NOT EXISTS outbox_processed_events (
+        consumer_name VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        event_id      CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        processed_at  BIGINT       NOT NULL,
+        claim_mark    BIGINT       NULL,
+        PRIMARY KEY (consumer_name, event_id)
+    ) ENGINE = InnoDB",
+    "CREATE TABLE IF NOT EXISTS outbox_consumer_attempts (
+        consumer_name     VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        event_id          CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        starts            INT          NOT NULL,
+        aggregate_type    VARCHAR(255) NULL,
+        aggregate_id      VARCHAR(500) NULL,
+        aggregate_key     BINARY(32)   NULL,
+        aggregate_version BIGINT       NULL,
+        retry_at          BIGINT       NULL,
+        updated_at        BIGINT       NOT NULL,
+        PRIMARY KEY (consumer_name, event_id),
+        KEY outbox_consumer_attempts_aggregate (consumer_name, aggregate_key, aggregate_version)
+    ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS outbox_consumer_positions (
+        consumer_name  VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        aggregate_key  BINARY(32)   NOT NULL,
+        aggregate_type VARCHAR(255) NOT NULL,
+        aggregate_id   VARCHAR(500) NOT NULL,
+        version        BIGINT       NOT NULL,
+        pinned         TINYINT(1)   NOT NULL DEFAULT 1,
+        start_version  BIGINT       NULL,
+        updated_at     BIGINT       NOT NULL,
+        PRIMARY KEY (consumer_name, aggregate_key)
+    ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS outbox_consumer_parked (
+        consumer_name     VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        event_id          CHAR(36)     CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        aggregate_type    VARCHAR(255) NOT NULL,
+        aggregate_id      VARCHAR(500) NOT NULL,
+        aggregate_key     BINARY(32)   NOT NULL,
+        aggregate_version BIGINT       NOT NULL,
+        envelope          LONGTEXT     NOT NULL,
+        parked_at         BIGINT       NOT NULL,
+        attempts          INT          NOT NULL DEFAULT 0,
+        last_error        MEDIUMTEXT   NULL,
+        retry_at          BIGINT       NULL,
+        PRIMARY KEY (consumer_name, event_id),
+        KEY outbox_consumer_parked_aggregate (consumer_name, aggregate_key, aggregate_version)
+    ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS outbox_dead_letters (
+        id                  BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+        consumer_name       VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+        kind                VARCHAR(16)  NOT NULL,
+        event_id            VARCHAR(36)  CHARACTER SET ascii COLLATE ascii_bin NULL,
+        event_type          VARCHAR(255) NULL,
+        schema_version      INT          NULL,
+        aggregate_type      VARCHAR(255) NULL,
+        aggregate_id        VARCHAR(500) NULL,
+        aggregate_key       BINARY(32)   NULL,
+        aggregate_version   BIGINT       NULL,
+        headers             LONGTEXT     NOT NULL,
+        payload             LONGBLOB     NOT NULL,
+        reason              MEDIUMTEXT   NOT NULL,
+        attempts            INT          NOT NULL DEFAULT 0,
+        created_at          BIGINT       NOT NULL,
+        resolved_at         BIGINT       NULL,
+        resolution          MEDIUMTEXT   NULL,
+        replays             INT          NOT NULL DEFAULT 0,
+        last_replay_error   MEDIUMTEXT   NULL,
+        replay_requested_at BIGINT       NULL,
+        replay_audit_id     BIGINT       NULL,
+        open_event_id       VARCHAR(36) CHARACTER SET ascii COLLATE ascii_bin
+            AS (IF(resolved_at IS NULL, event_id, NULL)) STORED,
+        CONSTRAINT outbox_dead_letters_kind CHECK (kind IN ('quarantined', 'dead_lettered')),
+        UNIQUE KEY outbox_dead_letters_open_event (consumer_name, open_event_id),
+        KEY outbox_dead_letters_aggregate (consumer_name, aggregate_key, aggregate_version),
+        KEY outbox_dead_letters_replay (consumer_name, replay_requested_at)
+    ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    "CREATE TABLE IF NOT EXISTS outbox_consumer_stats (
+        consumer_name   VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY,
+        applied         BIGINT       NOT NULL DEFAULT 0,
+        duplicates      BIGINT       NOT NULL DEFAULT 0,
+        last_applied_at BIGINT       NULL,
+        lag_seconds     DOUBLE       NULL,
+        updated_at      BIGINT       NOT NULL
+    ) ENGINE = InnoDB",
 ];
 
 const TABLES: [&str; 5] = [
@@ -158,7 +265,7 @@ const CREATE_UNPUBLISHED_INDEX: &str = "CREATE INDEX outbox_events_unpublished
 const DUPLICATE_KEY_NAME: u16 = 1061;
 
 /// Whether the error is the server's error `number`.
-fn is_server_error(error: &sqlx::Error, number: u16) -> bool {
+pub(crate) fn is_server_error(error: &sqlx::Error, number: u16) -> bool {
     match error {
         sqlx::Error::Database(error) => error
             .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
@@ -293,7 +400,7 @@ pub enum SchemaError {
 pub async fn check_schema(pool: &MySqlPool) -> Result<i64, SchemaError> {
     let mut query = sqlx::query_scalar::<_, String>(
         "SELECT CAST(table_name AS CHAR) FROM information_schema.tables
-         WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?, ?, ?)",
+         WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     );
     for name in TABLE_NAMES {
         query = query.bind(name);
@@ -304,7 +411,9 @@ pub async fn check_schema(pool: &MySqlPool) -> Result<i64, SchemaError> {
         .copied()
         .filter(|name| !present.iter().any(|p| p == name))
         .collect();
-    if !missing.is_empty() {
+    // Tables an older release did not have are not "missing" there: the
+    // version row says which release wrote them, and `migrate` adds them.
+    if missing.contains(&"outbox_schema_version") {
         return Err(SchemaError::NotMigrated {
             missing: missing.join(", "),
         });
@@ -325,6 +434,9 @@ pub async fn check_schema(pool: &MySqlPool) -> Result<i64, SchemaError> {
         Some(found) if found > SCHEMA_VERSION => Err(SchemaError::Newer {
             found,
             supported: SCHEMA_VERSION,
+        }),
+        Some(_) if !missing.is_empty() => Err(SchemaError::NotMigrated {
+            missing: missing.join(", "),
         }),
         Some(found) => Ok(found),
     }
@@ -348,7 +460,7 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), MigrateError> {
             supported: SCHEMA_VERSION,
         });
     }
-    for statement in &TABLES[1..] {
+    for statement in TABLES[1..].iter().chain(&CONSUMER_TABLES) {
         sqlx::query(*statement).execute(pool).await?;
     }
     // What this release uses first, what only the last one used at the
@@ -370,7 +482,9 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), MigrateError> {
 mod table_name_tests {
     #[test]
     fn the_checked_names_are_the_created_tables() {
-        for (name, statement) in super::TABLE_NAMES.iter().zip(super::TABLES) {
+        let statements = super::TABLES.iter().chain(&super::CONSUMER_TABLES);
+        assert_eq!(super::TABLE_NAMES.len(), statements.clone().count());
+        for (name, statement) in super::TABLE_NAMES.iter().zip(statements) {
             assert!(
                 statement.contains(&format!("CREATE TABLE IF NOT EXISTS {name} (")),
                 "{name}"

@@ -259,8 +259,8 @@ async fn cleanup_counts_first_and_keeps_keys_younger_than_their_retention() {
     db.drop_database().await;
 }
 
-/// What schema version 2 has: the emit procedure and the head-test index,
-/// no index on the lease token.
+/// What schema versions 2 and 3 have: the emit procedure and the
+/// head-test index, no index on the lease token.
 async fn schema_shape(pool: &sqlx::MySqlPool) -> (i64, Vec<String>, i64) {
     let version: i64 = sqlx::query_scalar(
         "SELECT CAST(version AS SIGNED) FROM outbox_schema_version WHERE id = 1",
@@ -290,7 +290,7 @@ async fn schema_shape(pool: &sqlx::MySqlPool) -> (i64, Vec<String>, i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
     let db = MySqlTestDb::new().await;
-    let expected = (2, vec!["outbox_events_unpublished".to_owned()], 1);
+    let expected = (3, vec!["outbox_events_unpublished".to_owned()], 1);
     assert_eq!(schema_shape(&db.pool).await, expected);
     // Two services starting at once.
     let (a, b) = tokio::join!(
@@ -301,8 +301,11 @@ async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
     b.unwrap();
     assert_eq!(schema_shape(&db.pool).await, expected);
 
-    // Tables as version 1 left them, with an event emitted then.
+    // Tables as version 1 left them (no consumer tables), with an event
+    // emitted then.
     for statement in [
+        "DROP TABLE outbox_processed_events, outbox_consumer_attempts, outbox_consumer_positions,
+                    outbox_consumer_parked, outbox_dead_letters, outbox_consumer_stats",
         "DROP PROCEDURE outbox_emit_counted_v1",
         "DROP INDEX outbox_events_unpublished ON outbox_events",
         "CREATE INDEX outbox_events_claim ON outbox_events (claim_token)",
@@ -325,7 +328,7 @@ async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
             older,
             outbox_mysql::SchemaError::Older {
                 found: 1,
-                required: 2
+                required: 3
             }
         ),
         "{older}"
@@ -336,19 +339,19 @@ async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
     );
     outbox_mysql::migrate(&db.pool).await.unwrap();
     assert_eq!(schema_shape(&db.pool).await, expected);
-    assert_eq!(outbox_mysql::check_schema(&db.pool).await.unwrap(), 2);
-    sqlx::query("UPDATE outbox_schema_version SET version = 3")
+    assert_eq!(outbox_mysql::check_schema(&db.pool).await.unwrap(), 3);
+    sqlx::query("UPDATE outbox_schema_version SET version = 4")
         .execute(&db.pool)
         .await
         .unwrap();
     assert!(matches!(
         outbox_mysql::check_schema(&db.pool).await,
         Err(outbox_mysql::SchemaError::Newer {
-            found: 3,
-            supported: 2
+            found: 4,
+            supported: 3
         })
     ));
-    sqlx::query("UPDATE outbox_schema_version SET version = 2")
+    sqlx::query("UPDATE outbox_schema_version SET version = 3")
         .execute(&db.pool)
         .await
         .unwrap();
@@ -364,7 +367,7 @@ async fn migrations_run_again_at_once_and_bring_version_1_tables_up_to_date() {
         other => panic!("{other:?}"),
     }
     outbox_mysql::migrate(&db.pool).await.unwrap();
-    assert_eq!(outbox_mysql::check_schema(&db.pool).await.unwrap(), 2);
+    assert_eq!(outbox_mysql::check_schema(&db.pool).await.unwrap(), 3);
     // The counter carries on where version 1 left it.
     let mut tx = db.pool.begin().await.unwrap();
     let emitted = MySqlOutbox::new()
