@@ -16,10 +16,9 @@
 //! (`mysql://…`, the `outbox-mysql` store). On SQLite and MySQL the relay's
 //! commands run through [`outbox_core::ops::OperationsStore`] unchanged
 //! (`status`, `failed`, `events`, `blocked`, `audit`, `cleanup`,
-//! `migrate`); on SQLite the consumer's (`quarantine`, `dead-letters`,
-//! `positions`) run through [`outbox_core::ops::LetterStore`] as on
-//! PostgreSQL, on MySQL they exit 2 with the reason: that store keeps no
-//! consumer tables yet.
+//! `migrate`) and the consumer's (`quarantine`, `dead-letters`,
+//! `positions`) through [`outbox_core::ops::LetterStore`], as on
+//! PostgreSQL.
 //!
 //! The tool shows payloads through the contracts linked into it: fields
 //! marked `#[outbox(redact)]` are masked, and event types it has no
@@ -183,7 +182,7 @@ async fn execute(cli: Cli) -> Outcome {
 }
 
 /// Runs a command on a store that keeps a consumer's tables too
-/// (PostgreSQL, SQLite): the consumer's commands through [`LetterStore`],
+/// (PostgreSQL, SQLite, MySQL): the consumer's commands through [`LetterStore`],
 /// the rest through [`relay_command`].
 pub(crate) async fn store_command<O: OperationsStore + LetterStore>(
     ops: &O,

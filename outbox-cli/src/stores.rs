@@ -8,7 +8,7 @@ use outbox_core::relay::FailedHeadPolicy;
 use crate::args::Command;
 use crate::output::Output;
 use crate::{EXIT_OK, Outcome};
-use crate::{console, relay_command, store_command};
+use crate::{console, store_command};
 
 /// Whether `url` names a SQLite database (`sqlite://file.db`,
 /// `sqlite:file.db`, `sqlite::memory:`).
@@ -99,8 +99,8 @@ pub(crate) fn is_mysql_url(url: &str) -> bool {
 
 /// The commands on a MySQL/MariaDB outbox: `migrate` creates the tables;
 /// every other command needs them. A server without `SKIP LOCKED` is
-/// refused with its version. The consumer's commands are refused: the
-/// MySQL store keeps no consumer tables yet.
+/// refused with its version. The consumer's commands run on the
+/// database's consumer tables as on PostgreSQL.
 pub(crate) async fn mysql(
     url: &str,
     command: Command,
@@ -146,6 +146,6 @@ pub(crate) async fn mysql(
         .with_failed_head_policy(failed_heads);
     match command {
         Command::Console(args) => console::serve(ops, args).await,
-        command => relay_command(&ops, out, command).await,
+        command => store_command(&ops, out, command).await,
     }
 }

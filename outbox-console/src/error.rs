@@ -21,9 +21,9 @@ pub enum ConsoleError {
     /// CSRF token, a POST from another site).
     #[error("forbidden: {0}")]
     Forbidden(String),
-    /// The store keeps no consumer tables (MySQL does not yet).
+    /// The store keeps no consumer tables.
     #[error(
-        "this store keeps no consumer tables (the MySQL store has the relay's side only so far): letters and replays exist on PostgreSQL and SQLite"
+        "this store keeps no consumer tables: letters and replays exist where a consumer keeps its inbox"
     )]
     NoConsumerTables,
 }

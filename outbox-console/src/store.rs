@@ -108,45 +108,5 @@ with_letters!(Ops);
 #[cfg(feature = "sqlite")]
 with_letters!(outbox_sqlite::SqliteOps);
 
-/// Implements [`ConsoleStore`] for a store without a consumer's tables.
 #[cfg(feature = "mysql")]
-macro_rules! without_letters {
-    ($ops:ty) => {
-        impl ConsoleStore for $ops {
-            fn keeps_letters(&self) -> bool {
-                false
-            }
-
-            async fn letters(&self, _: &LetterFilter) -> Result<Page<LetterRecord>, ConsoleError> {
-                Err(ConsoleError::NoConsumerTables)
-            }
-
-            async fn letter(&self, _: &str, _: i64) -> Result<Option<LetterRecord>, ConsoleError> {
-                Err(ConsoleError::NoConsumerTables)
-            }
-
-            async fn request_replay(
-                &self,
-                _: &str,
-                _: LetterKind,
-                _: &[i64],
-                _: &RepairRequest,
-            ) -> Result<RepairReport, ConsoleError> {
-                Err(ConsoleError::NoConsumerTables)
-            }
-
-            async fn discard(
-                &self,
-                _: &str,
-                _: LetterKind,
-                _: &[i64],
-                _: &RepairRequest,
-            ) -> Result<RepairReport, ConsoleError> {
-                Err(ConsoleError::NoConsumerTables)
-            }
-        }
-    };
-}
-
-#[cfg(feature = "mysql")]
-without_letters!(outbox_mysql::MySqlOps);
+with_letters!(outbox_mysql::MySqlOps);

@@ -5,8 +5,10 @@
 //! `status --check` names it; `failed show` masks the redacted card
 //! number; `failed retry` without a reason changes nothing, with one it
 //! puts the head back and the relay drains the aggregate in order; the
-//! audit shows the repair; the consumer's commands exit 2 with the reason;
-//! `cleanup` counts before it deletes.
+//! audit shows the repair; `cleanup` counts before it deletes. A MySQL
+//! consumer's dead letters are listed, shown, grouped, replayed through
+//! the running consumer and discarded, its position shown, each repair
+//! audited.
 
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -186,13 +188,8 @@ async fn an_incident_on_mariadb_is_found_repaired_and_audited_with_the_cli() {
     assert_eq!(row["reason"], "stream limit raised in INC-9");
     assert_eq!(row["ids"][0], head.as_str());
 
-    let consumer = tool(&url, &["quarantine", "list", "--consumer", "billing"]);
-    assert_eq!(consumer.status.code(), Some(2), "{}", text(&consumer));
-    assert!(
-        text(&consumer).contains("consumer's tables"),
-        "{}",
-        text(&consumer)
-    );
+    let consumer = json(&url, &["quarantine", "list", "--consumer", "billing"], 0);
+    assert_eq!(consumer["items"], serde_json::json!([]), "{consumer}");
 
     let dry = json(&url, &["cleanup", "--older-than", "0s"], 0);
     assert_eq!(
@@ -201,5 +198,181 @@ async fn an_incident_on_mariadb_is_found_repaired_and_audited_with_the_cli() {
     );
     let published = json(&url, &["events", "list", "--status", "published"], 0);
     assert_eq!(published["items"].as_array().unwrap().len(), 4);
+    db.drop_database().await;
+}
+
+/// A consumer on the database whose handler refuses every counter but
+/// `c1` while `broken` is set (permanently: straight to the dead letters).
+fn ledger(
+    pool: &sqlx::MySqlPool,
+    broken: Arc<AtomicBool>,
+) -> outbox_core::consumer::Consumer<outbox_mysql::MySqlConsumerStore> {
+    use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, HandlerError, Ordering as Order};
+    ConsumerBuilder::<sqlx::MySqlConnection>::for_connection("billing")
+        .config(ConsumerConfig {
+            ordering: Order::Strict {
+                park_timeout: Duration::from_secs(60),
+            },
+            sweep_interval: Duration::from_millis(100),
+            ..ConsumerConfig::default()
+        })
+        .on_fn::<outbox_tests::events::Ticked, _>(move |tick, tx| {
+            let broken = broken.load(Ordering::SeqCst);
+            Box::pin(async move {
+                if broken && tick.event.counter != "c1" {
+                    return Err(HandlerError::permanent("the ledger refuses this counter"));
+                }
+                sqlx::query("INSERT INTO effects (counter, version) VALUES (?, ?)")
+                    .bind(&tick.event.counter)
+                    .bind(tick.meta.aggregate_version)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            })
+        })
+        .build_on(outbox_mysql::MySqlConsumerStore::new(pool.clone()))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_reads_and_repairs_a_mysql_consumers_letters_and_positions() {
+    use outbox_core::consumer::Outcome;
+    use outbox_tests::consumers::tick;
+    let db = MySqlTestDb::new().await;
+    let url = db.url();
+    sqlx::query(
+        "CREATE TABLE effects (seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                               counter VARCHAR(100) NOT NULL, version BIGINT NOT NULL)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let broken = Arc::new(AtomicBool::new(true));
+    let consumer = ledger(&db.pool, Arc::clone(&broken));
+    assert_eq!(
+        consumer.handle_envelope(&tick("c1", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    for counter in ["c9", "c8"] {
+        let outcome = consumer.handle_envelope(&tick(counter, 1)).await.unwrap();
+        assert!(
+            matches!(outcome, Outcome::DeadLettered { .. }),
+            "{outcome:?}"
+        );
+    }
+    let letters = json(&url, &["dead-letters", "--consumer", "billing", "list"], 0);
+    let items = letters["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{letters}");
+    assert_eq!(items[0]["kind"], "dead_lettered");
+    assert_eq!(items[0]["aggregate_id"], "c9");
+    assert!(
+        items[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the ledger refuses this counter")
+    );
+    let c9 = items[0]["id"].as_i64().unwrap().to_string();
+    let c8 = items[1]["id"].as_i64().unwrap().to_string();
+    let shown = tool(
+        &url,
+        &["dead-letters", "--consumer", "billing", "show", &c9],
+    );
+    assert_eq!(shown.status.code(), Some(0), "{}", text(&shown));
+    assert!(text(&shown).contains("c9"), "{}", text(&shown));
+    let grouped = tool(
+        &url,
+        &["dead-letters", "--consumer", "billing", "list", "--group"],
+    );
+    assert!(
+        text(&grouped).contains("the ledger refuses this counter"),
+        "{}",
+        text(&grouped)
+    );
+
+    // The fixed consumer runs; the tool asks it to replay c9 and waits.
+    broken.store(false, Ordering::SeqCst);
+    let (sender, source) = outbox_core::consumer::channel();
+    let task = ledger(&db.pool, Arc::clone(&broken)).spawn(source);
+    let replayed = tool(
+        &url,
+        &[
+            "dead-letters",
+            "--consumer",
+            "billing",
+            "replay",
+            "--id",
+            &c9,
+            "--reason",
+            "the ledger accepts c9 again",
+            "--wait",
+            "20s",
+        ],
+    );
+    assert_eq!(replayed.status.code(), Some(0), "{}", text(&replayed));
+    let applied: Vec<(String, i64)> =
+        sqlx::query_as("SELECT counter, version FROM effects ORDER BY seq")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(applied, [("c1".to_owned(), 1), ("c9".to_owned(), 1)]);
+    drop(sender);
+    task.drain(Duration::from_secs(5)).await.unwrap();
+
+    // c8 is discarded instead; a second discard finds it resolved.
+    let discard = [
+        "dead-letters",
+        "--consumer",
+        "billing",
+        "discard",
+        "--id",
+        &c8,
+        "--reason",
+        "c8 was a test counter",
+    ];
+    let discarded = json(&url, &discard, 0);
+    assert_eq!(
+        discarded["outcomes"][0]["outcome"], "discarded",
+        "{discarded}"
+    );
+    let again = tool(&url, &discard);
+    assert!(
+        text(&again).contains("already_resolved"),
+        "{}",
+        text(&again)
+    );
+    let open = json(&url, &["dead-letters", "--consumer", "billing", "list"], 0);
+    assert_eq!(open["items"], serde_json::json!([]), "{open}");
+    let position = json(
+        &url,
+        &[
+            "positions",
+            "--consumer",
+            "billing",
+            "show",
+            "--aggregate-type",
+            "counter",
+            "--aggregate-id",
+            "c9",
+        ],
+        0,
+    );
+    assert_eq!(position["version"], 1, "{position}");
+    let audit = json(&url, &["audit", "list"], 0);
+    let actions: Vec<&str> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        ["consumer.discard", "consumer.discard", "consumer.replay"]
+    );
+    let replay_row = &audit["items"][2];
+    assert_eq!(replay_row["operator"], "ci-operator");
+    assert!(
+        replay_row["outcomes"].to_string().contains("applied"),
+        "the consumer appended what the replay did: {replay_row}"
+    );
     db.drop_database().await;
 }

@@ -1,9 +1,12 @@
-//! The operations API over the MySQL/MariaDB outbox: the relay side of
+//! The operations API over the MySQL/MariaDB outbox: the relay side,
 //! [`outbox_core::ops::OperationsStore`] (status, listings, blocked
-//! aggregates, the audit log, the relay's repairs, retention) with the
-//! same records, filters, pages, reports and outcomes as the PostgreSQL
-//! store's [`outbox_core::ops::Ops`].
+//! aggregates, the audit log, the relay's repairs, retention), and the
+//! consumer's, [`outbox_core::ops::LetterStore`] (letters, positions,
+//! replay requests, discards, passing a skipped version), with the same
+//! records, filters, pages, reports and outcomes as the PostgreSQL store's
+//! [`outbox_core::ops::Ops`].
 
+mod letters;
 mod reads;
 mod repair;
 

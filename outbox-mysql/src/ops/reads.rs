@@ -7,8 +7,8 @@
 //! are stored as milliseconds and shown as UTC times.
 
 use outbox_core::ops::{
-    AuditRecord, Backlog, BlockedRecord, EventFilter, EventRecord, EventStatus, EventTypeBacklog,
-    OpsError, Page, Status, StatusOptions, page_limit, status_problems,
+    AuditRecord, Backlog, BlockedRecord, ConsumerStatus, EventFilter, EventRecord, EventStatus,
+    EventTypeBacklog, OpsError, Page, Status, StatusOptions, page_limit, status_problems,
 };
 use outbox_core::store::columns::age_seconds;
 use sqlx::Row;
@@ -77,6 +77,28 @@ FROM (
 ) AS unpublished
 GROUP BY event_type ORDER BY event_type";
 
+/// Every consumer with counts, parked messages or open letters, and
+/// those figures.
+const CONSUMERS: &str = "
+WITH names AS (
+    SELECT consumer_name FROM outbox_consumer_stats
+    UNION SELECT consumer_name FROM outbox_consumer_parked
+    UNION SELECT consumer_name FROM outbox_dead_letters WHERE resolved_at IS NULL
+)
+SELECT n.consumer_name,
+       (SELECT COUNT(*) FROM outbox_consumer_parked k WHERE k.consumer_name = n.consumer_name) AS parked,
+       (SELECT MIN(parked_at) FROM outbox_consumer_parked k WHERE k.consumer_name = n.consumer_name) AS oldest_parked,
+       (SELECT COUNT(*) FROM outbox_dead_letters d
+        WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL AND d.kind = 'quarantined') AS quarantined,
+       (SELECT COUNT(*) FROM outbox_dead_letters d
+        WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL AND d.kind = 'dead_lettered') AS dead_lettered,
+       (SELECT COUNT(*) FROM outbox_dead_letters d
+        WHERE d.consumer_name = n.consumer_name AND d.resolved_at IS NULL
+          AND d.replay_requested_at IS NOT NULL) AS replays_requested,
+       t.applied, t.duplicates, t.last_applied_at, t.lag_seconds, t.updated_at AS stats_at
+FROM names n LEFT JOIN outbox_consumer_stats t ON t.consumer_name = n.consumer_name
+ORDER BY n.consumer_name";
+
 /// Audit rows, newest first. Binds: before id, limit.
 const AUDIT: &str = "
 SELECT id, at, operator, reason, action, target, ids, outcomes FROM outbox_audit
@@ -85,8 +107,7 @@ WHERE (? IS NULL OR id < ?) ORDER BY id DESC LIMIT ?";
 impl MySqlOps {
     /// The outbox at a glance. `schema` is the database; the figures only
     /// PostgreSQL has are empty (dead tuples 0, no relay workers or
-    /// partitions: MySQL relays lease rows), and there are no consumers
-    /// (this store keeps no consumer tables yet).
+    /// partitions: MySQL relays lease rows).
     pub async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {
         let live: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_events")
             .fetch_one(&self.pool)
@@ -117,7 +138,15 @@ impl MySqlOps {
             .map_err(database("reading counts per event type"))?;
         let backlog = Backlog::of(&event_types, age_seconds(oldest), 0, live);
         let blocked = self.blocked(options.blocked_limit).await?;
-        let problems = status_problems(&backlog, &blocked, &[], options);
+        let consumers = sqlx::query(CONSUMERS)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(database("reading consumers"))?
+            .iter()
+            .map(consumer_status)
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(database("reading consumers"))?;
+        let problems = status_problems(&backlog, &blocked, &consumers, options);
         Ok(Status {
             schema: self
                 .pool
@@ -128,7 +157,7 @@ impl MySqlOps {
             backlog,
             event_types,
             blocked,
-            consumers: Vec::new(),
+            consumers,
             relay_workers: Vec::new(),
             partitions: 0,
             problems,
@@ -211,6 +240,23 @@ impl MySqlOps {
             .map_err(database("reading blocked aggregates"))
     }
 
+    /// One audit row (a replay request's, with the outcomes the consumer
+    /// appended when it ran them).
+    pub async fn audit_entry(&self, id: i64) -> Result<Option<AuditRecord>, OpsError> {
+        sqlx::query(
+            "SELECT id, at, operator, reason, action, target, ids, outcomes FROM outbox_audit
+             WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(database("reading an audit row"))?
+        .as_ref()
+        .map(audit_record)
+        .transpose()
+        .map_err(database("reading an audit row"))
+    }
+
     /// Audit rows, newest first; `before` is a page's `next`.
     pub async fn audit(
         &self,
@@ -278,5 +324,21 @@ fn audit_record(row: &MySqlRow) -> Result<AuditRecord, sqlx::Error> {
             Some(text) => serde_json::from_str(&text).map_err(decode)?,
             None => serde_json::Value::Null,
         },
+    })
+}
+
+fn consumer_status(row: &MySqlRow) -> Result<ConsumerStatus, sqlx::Error> {
+    Ok(ConsumerStatus {
+        consumer: row.try_get("consumer_name")?,
+        parked: row.try_get("parked")?,
+        oldest_parked_age_seconds: age_seconds(row.try_get("oldest_parked")?),
+        quarantined: row.try_get("quarantined")?,
+        dead_lettered: row.try_get("dead_lettered")?,
+        replays_requested: row.try_get("replays_requested")?,
+        applied: row.try_get::<Option<i64>, _>("applied")?.unwrap_or(0),
+        duplicates: row.try_get::<Option<i64>, _>("duplicates")?.unwrap_or(0),
+        last_applied_at: optional_time_column(row, "last_applied_at")?,
+        lag_seconds: row.try_get("lag_seconds")?,
+        stats_at: optional_time_column(row, "stats_at")?,
     })
 }
