@@ -41,7 +41,7 @@ impl ConsumerUnderTest for Postgres {
         ConsumerBuilder::new(name)
             .config(config)
             .on_fn::<Ticked, _>(move |tick, tx| {
-                let poisoned = poisoned(&failing, &tick.event.counter);
+                let poisoned = poisoned(&failing, &tick);
                 let ending = ending_statement(&failing, &tick.event.counter);
                 let insert = insert.clone();
                 Box::pin(async move {

@@ -44,7 +44,7 @@ impl ConsumerUnderTest for Sqlite {
         ConsumerBuilder::<SqliteConnection>::for_connection(name)
             .config(config)
             .on_fn::<Ticked, _>(move |tick, tx| {
-                let poisoned = poisoned(&failing, &tick.event.counter);
+                let poisoned = poisoned(&failing, &tick);
                 let ending = ending_statement(&failing, &tick.event.counter);
                 Box::pin(async move {
                     poisoned?;
