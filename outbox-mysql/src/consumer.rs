@@ -26,7 +26,13 @@
 //! deadlock InnoDB resolved by rolling the whole transaction back while
 //! the handler went on. MySQL rolls back only the failed statement on
 //! other errors, so a handler that catches one and returns `Ok` commits
-//! the rest of its work, as it chose.
+//! the rest of its work, as it chose. What a handler writes after its
+//! transaction ended (its own `ROLLBACK`, or InnoDB's rollback for a
+//! deadlock or, with `innodb_rollback_on_timeout`, a lock wait it caught)
+//! runs in autocommit and stays when the message is retried: let such
+//! errors end the handler (`?`). With `batch_size > 1` the check runs once
+//! per batch, so the batch's later handlers write in autocommit too before
+//! the batch runs again one message at a time.
 //!
 //! **No `RETURNING`** (MySQL has none): where PostgreSQL needs one CTE,
 //! this store runs two or three short statements in the same transaction.
@@ -327,6 +333,26 @@ impl MySqlConsumerStore {
 impl ConsumerStore for MySqlConsumerStore {
     type Db = MySql;
 
+    /// Event types and aggregate types of more than 255 characters and
+    /// aggregate ids of more than 500 do not fit the consumer's columns
+    /// (InnoDB's key limits; PostgreSQL has none, so another store's
+    /// producer may send them).
+    fn refuses(&self, envelope: &Envelope) -> Option<String> {
+        [
+            ("event type", envelope.event_type.as_str(), 255),
+            ("aggregate type", envelope.aggregate_type.as_str(), 255),
+            ("aggregate id", envelope.aggregate_id.as_str(), 500),
+        ]
+        .into_iter()
+        .find(|(_, value, limit)| value.chars().count() > *limit)
+        .map(|(what, value, limit)| {
+            format!(
+                "the {what} has {} characters; the MySQL consumer store keeps at most {limit}",
+                value.chars().count()
+            )
+        })
+    }
+
     /// READ COMMITTED, `START TRANSACTION` and the message's savepoint, in
     /// one round trip. The handler timeout cannot cut off a statement (see
     /// the module notes).
@@ -500,8 +526,8 @@ impl ConsumerStore for MySqlConsumerStore {
         Ok(done.rows_affected() == 1)
     }
 
-    /// The ids that an open letter holds are left out; the others are
-    /// inserted in one statement, each row marked with a number drawn for
+    /// The ids already in the inbox or held by an open letter are left out
+    /// (one read); the others are inserted in one statement, each row marked with a number drawn for
     /// this call, so the rows this transaction wrote are told from those
     /// another instance wrote meanwhile (MySQL returns no rows from an
     /// insert). When every candidate was new, the marks are not read.
@@ -517,17 +543,29 @@ impl ConsumerStore for MySqlConsumerStore {
         let mut ids: Vec<String> = event_ids.iter().map(Uuid::to_string).collect();
         ids.sort_unstable();
         ids.dedup();
-        let mut held = QueryBuilder::<MySql>::new(
-            "SELECT open_event_id FROM outbox_dead_letters WHERE consumer_name = ",
+        // A plain read, no locks: an insert that met an existing row would
+        // hold a shared lock on it for the batch, and a batch waiting for a
+        // position while another instance deletes that inbox row (a parked
+        // message going to the dead letters) would close a deadlock.
+        let mut known = QueryBuilder::<MySql>::new(
+            "SELECT event_id FROM outbox_processed_events WHERE consumer_name = ",
         );
-        held.push_bind(consumer).push(" AND open_event_id IN (");
-        let mut list = held.separated(", ");
+        known.push_bind(consumer).push(" AND event_id IN (");
+        let mut list = known.separated(", ");
         for id in &ids {
             list.push_bind(id.as_str());
         }
-        held.push(")");
-        let held: Vec<String> = held.build_query_scalar().fetch_all(&mut *conn).await?;
-        ids.retain(|id| !held.contains(id));
+        known.push(
+            ") UNION ALL SELECT open_event_id FROM outbox_dead_letters WHERE consumer_name = ",
+        );
+        known.push_bind(consumer).push(" AND open_event_id IN (");
+        let mut list = known.separated(", ");
+        for id in &ids {
+            list.push_bind(id.as_str());
+        }
+        known.push(")");
+        let known: Vec<String> = known.build_query_scalar().fetch_all(&mut *conn).await?;
+        ids.retain(|id| !known.contains(id));
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -851,9 +889,12 @@ impl ConsumerStore for MySqlConsumerStore {
         .await
     }
 
-    /// Moves an existing position forward when the message is newer; else
-    /// creates it at this version; else (another instance created it
-    /// meanwhile) tries the move once more, now on a row that exists.
+    /// Moves an existing position forward when the message is newer (the
+    /// common case, one statement). Otherwise the row is created at 0 or,
+    /// when it exists, locked by an upsert that changes nothing (exclusive
+    /// at once: a shared lock first, as `INSERT IGNORE` takes on an
+    /// existing row, would deadlock two instances upgrading it), and the
+    /// move is tried once more on the locked row.
     async fn advance_if_newer(
         &self,
         conn: &mut MySqlConnection,
@@ -877,23 +918,20 @@ impl ConsumerStore for MySqlConsumerStore {
         if forward().execute(&mut *conn).await?.rows_affected() == 1 {
             return Ok(true);
         }
-        let created = sqlx::query(
-            "INSERT IGNORE INTO outbox_consumer_positions
+        sqlx::query(
+            "INSERT INTO outbox_consumer_positions
                 (consumer_name, aggregate_key, aggregate_type, aggregate_id, version, pinned,
                  updated_at)
-             VALUES (?, ?, ?, ?, ?, 1, ?)",
+             VALUES (?, ?, ?, ?, 0, 1, ?)
+             ON DUPLICATE KEY UPDATE version = version",
         )
         .bind(consumer)
         .bind(&key)
         .bind(&envelope.aggregate_type)
         .bind(&envelope.aggregate_id)
-        .bind(version)
         .bind(now)
         .execute(&mut *conn)
         .await?;
-        if created.rows_affected() == 1 {
-            return Ok(true);
-        }
         Ok(forward().execute(conn).await?.rows_affected() == 1)
     }
 
@@ -1314,31 +1352,34 @@ impl ConsumerStore for MySqlConsumerStore {
         .await
     }
 
-    /// Locks the letter (another instance taking the same request waits,
-    /// then finds it taken) and clears the request.
+    /// Clears the request where it still stands (one guarded statement:
+    /// another instance's waits for the row and then matches nothing, also
+    /// on a connection outside a transaction), then reads the audit row it
+    /// named, which nothing changes.
     async fn take_replay_request(
         &self,
         conn: &mut MySqlConnection,
         consumer: &str,
         letter_id: i64,
     ) -> sqlx::Result<Option<Option<i64>>> {
-        let request: Option<Option<i64>> = sqlx::query_scalar(
-            "SELECT replay_audit_id FROM outbox_dead_letters
+        let taken = sqlx::query(
+            "UPDATE outbox_dead_letters SET replay_requested_at = NULL
              WHERE id = ? AND consumer_name = ?
-               AND replay_requested_at IS NOT NULL AND resolved_at IS NULL
-             FOR UPDATE",
+               AND replay_requested_at IS NOT NULL AND resolved_at IS NULL",
         )
         .bind(letter_id)
         .bind(consumer)
-        .fetch_optional(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        if request.is_some() {
-            sqlx::query("UPDATE outbox_dead_letters SET replay_requested_at = NULL WHERE id = ?")
-                .bind(letter_id)
-                .execute(conn)
-                .await?;
+        if taken.rows_affected() != 1 {
+            return Ok(None);
         }
-        Ok(request)
+        let audit: Option<Option<i64>> =
+            sqlx::query_scalar("SELECT replay_audit_id FROM outbox_dead_letters WHERE id = ?")
+                .bind(letter_id)
+                .fetch_optional(conn)
+                .await?;
+        Ok(Some(audit.flatten()))
     }
 
     async fn resolve_letter(

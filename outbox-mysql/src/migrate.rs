@@ -64,8 +64,8 @@ const TABLE_NAMES: [&str; 11] = [
 ///
 /// - consumer names are ASCII (the consumer validates them so), event ids
 ///   UUID text;
-/// - an aggregate is keyed by `aggregate_key`, the SHA-256 of its type, a
-///   zero byte and its id (written by the store): a 255-character type and
+/// - an aggregate is keyed by `aggregate_key`, the SHA-256 of its type's
+///   length, its type and its id (written by the store): a 255-character type and
 ///   a 500-character id in `utf8mb4` do not fit one key with the consumer's
 ///   name;
 /// - an open letter's event id is repeated in `open_event_id`, a stored

@@ -107,3 +107,36 @@ impl ConsumerUnderTest for MariaDb {
 async fn the_consumer_keeps_its_promises_on_mariadb() {
     consumer_conformance::run::<MariaDb>().await;
 }
+
+/// An aggregate id longer than the MySQL consumer's column (500
+/// characters; PostgreSQL producers have no such limit) is quarantined
+/// with the message's attributes and payload, at the first delivery, and
+/// the next message goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregate_id_too_long_for_mysql_is_quarantined_not_retried() {
+    use outbox_core::consumer::Outcome;
+    use outbox_tests::consumers::tick;
+    let db = MariaDb::fresh().await;
+    let consumer = db.consumer("long", ConsumerConfig::default(), Arc::default());
+    let long = "x".repeat(501);
+    let outcome = consumer.handle_envelope(&tick(&long, 1)).await.unwrap();
+    match &outcome {
+        Outcome::Quarantined { reason } => assert!(
+            reason.contains("aggregate id has 501 characters") && reason.contains("at most 500"),
+            "{reason}"
+        ),
+        other => panic!("expected a quarantine, got {other:?}"),
+    }
+    let letters = db.letters("long").await;
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].5.contains(&long), "the attributes are kept");
+    assert_eq!(
+        consumer
+            .handle_envelope(&tick(&"y".repeat(500), 1))
+            .await
+            .unwrap(),
+        Outcome::Applied,
+        "500 characters fit"
+    );
+    db.finish().await;
+}

@@ -200,7 +200,7 @@ impl<S: ConsumerStore> Consumer<S> {
         {
             return Prepared::Foreign;
         }
-        if let Some(reason) = unstorable(incoming) {
+        if let Some(reason) = unstorable(incoming).or_else(|| self.inner.store.refuses(&envelope)) {
             return Prepared::Unreadable {
                 envelope: None,
                 reason,

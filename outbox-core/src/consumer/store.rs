@@ -192,6 +192,15 @@ pub trait ConsumerStore: Send + Sync + 'static {
     /// The sqlx database; handlers receive `&mut` its connection type.
     type Db: Database;
 
+    /// Why this store cannot keep `envelope` in its tables (a column
+    /// shorter than the value), or `None`. The engine quarantines such a
+    /// message with its envelope left off (its raw attributes and payload
+    /// are kept) instead of failing on it at every delivery.
+    fn refuses(&self, envelope: &Envelope) -> Option<String> {
+        let _ = envelope;
+        None
+    }
+
     /// Begins a transaction for one message. Statements in it should be
     /// cut off after `handler_timeout` where the database can do that
     /// (PostgreSQL: `SET LOCAL statement_timeout`), so a handler stopped by
