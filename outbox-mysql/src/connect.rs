@@ -21,6 +21,14 @@ pub enum ConnectError {
         /// What `SELECT VERSION()` said.
         version: String,
     },
+    /// The server writes a statement-based binary log, which refuses
+    /// writes in the READ COMMITTED transactions the relay and the
+    /// consumer run (MySQL: "Transaction level 'READ-COMMITTED' in InnoDB
+    /// is not safe for binlog mode 'STATEMENT'").
+    #[error(
+        "the server logs statements (binlog_format = STATEMENT): the outbox's READ COMMITTED transactions need binlog_format ROW or MIXED (the default of MySQL 8 and MariaDB)"
+    )]
+    StatementBinlog,
     /// The version string could not be read.
     #[error("cannot read the server version {0:?}")]
     UnknownVersion(String),
@@ -62,17 +70,29 @@ impl ServerVersion {
     }
 }
 
-/// Reads the server's version and refuses one without `SKIP LOCKED`.
+/// Whether a server with binary logging `log_bin` in `format` refuses
+/// writes in READ COMMITTED transactions.
+fn statement_binlog(log_bin: bool, format: &str) -> bool {
+    log_bin && format.eq_ignore_ascii_case("STATEMENT")
+}
+
+/// Reads the server's version and refuses one without `SKIP LOCKED`, or
+/// one whose statement-based binary log refuses READ COMMITTED writes.
 pub async fn check_server(pool: &MySqlPool) -> Result<ServerVersion, ConnectError> {
-    let text: String = sqlx::query_scalar("SELECT VERSION()")
-        .fetch_one(pool)
-        .await?;
+    let (text, log_bin, format): (String, i64, String) = sqlx::query_as(
+        "SELECT CAST(VERSION() AS CHAR), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)",
+    )
+    .fetch_one(pool)
+    .await?;
     let version = ServerVersion::parse(&text)?;
     if !version.has_skip_locked() {
         return Err(ConnectError::TooOld {
             server: if version.mariadb { "MariaDB" } else { "MySQL" },
             version: text,
         });
+    }
+    if statement_binlog(log_bin != 0, &format) {
+        return Err(ConnectError::StatementBinlog);
     }
     Ok(version)
 }
@@ -91,7 +111,16 @@ pub async fn connect(url: &str) -> Result<MySqlPool, ConnectError> {
 
 #[cfg(test)]
 mod tests {
-    use super::ServerVersion;
+    use super::{ServerVersion, statement_binlog};
+
+    #[test]
+    fn only_a_statement_binlog_is_refused() {
+        assert!(statement_binlog(true, "STATEMENT"));
+        assert!(statement_binlog(true, "statement"));
+        assert!(!statement_binlog(false, "STATEMENT"));
+        assert!(!statement_binlog(true, "ROW"));
+        assert!(!statement_binlog(true, "MIXED"));
+    }
 
     #[test]
     fn versions_with_and_without_skip_locked() {
