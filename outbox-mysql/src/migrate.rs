@@ -72,7 +72,13 @@ const TABLE_NAMES: [&str; 11] = [
 ///   generated column that is NULL once the letter is resolved: a unique
 ///   key on it allows one open letter per event, as PostgreSQL's partial
 ///   unique index does (`VARCHAR`, not `CHAR`: MariaDB refuses a generated
-///   column over a `CHAR`, whose value depends on the SQL mode's padding).
+///   column over a `CHAR`, whose value depends on the SQL mode's padding);
+/// - parked messages are clustered by aggregate (the primary key starts
+///   with the consumer and `aggregate_key`): a `DELETE` of an aggregate's
+///   parked rows then reads only them. Through a secondary index on a
+///   small table InnoDB chose a scan of the whole table, and a `DELETE`
+///   (which, unlike an `UPDATE`, waits for every locked row it reads)
+///   waited for other aggregates' rows: two instances deadlocked.
 const CONSUMER_TABLES: [&str; 6] = [
     "CREATE TABLE IF NOT EXISTS outbox_processed_events (
         consumer_name VARCHAR(200) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
@@ -117,8 +123,8 @@ const CONSUMER_TABLES: [&str; 6] = [
         attempts          INT          NOT NULL DEFAULT 0,
         last_error        MEDIUMTEXT   NULL,
         retry_at          BIGINT       NULL,
-        PRIMARY KEY (consumer_name, event_id),
-        KEY outbox_consumer_parked_aggregate (consumer_name, aggregate_key, aggregate_version)
+        PRIMARY KEY (consumer_name, aggregate_key, aggregate_version, event_id),
+        UNIQUE KEY outbox_consumer_parked_event (consumer_name, event_id)
     ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
     "CREATE TABLE IF NOT EXISTS outbox_dead_letters (
         id                  BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
