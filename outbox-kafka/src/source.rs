@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use outbox_core::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
+use outbox_core::consumer::{
+    Consumer, ConsumerStore, Delivery, Incoming, MessageSource, SourceError,
+};
 use outbox_core::store::ConfigError;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer as _, ConsumerContext, Rebalance, StreamConsumer,
@@ -68,7 +70,10 @@ impl KafkaSourceConfig {
     /// Other event types on those topics (another service's events of the
     /// same aggregate type) arrive too and are acknowledged as foreign or
     /// ignored, as the consumer's table says.
-    pub fn for_consumer(consumer: &Consumer, kafka: KafkaConfig) -> Result<Self, ConfigError> {
+    pub fn for_consumer<S: ConsumerStore>(
+        consumer: &Consumer<S>,
+        kafka: KafkaConfig,
+    ) -> Result<Self, ConfigError> {
         let template = TopicTemplate::new(&kafka.topic_template)?;
         let mut topics = Vec::new();
         for (aggregate_type, event_type) in consumer.subscribed_types() {

@@ -26,7 +26,9 @@ use futures_util::{FutureExt, Stream, StreamExt};
 use sha2::Digest;
 
 use super::{NatsConfig, NatsError, SubjectTemplate, connect, is_connected};
-use outbox_core::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
+use outbox_core::consumer::{
+    Consumer, ConsumerStore, Delivery, Incoming, MessageSource, SourceError,
+};
 use outbox_core::encoding::decode_header_value;
 use outbox_core::store::ConfigError;
 
@@ -74,7 +76,10 @@ impl JetStreamSourceConfig {
     /// `filter_subjects` (or clear it for the whole stream); events of
     /// aggregate types without a handler are then acknowledged as foreign
     /// and nothing is stored for them.
-    pub fn for_consumer(consumer: &Consumer, nats: NatsConfig) -> Result<Self, ConfigError> {
+    pub fn for_consumer<S: ConsumerStore>(
+        consumer: &Consumer<S>,
+        nats: NatsConfig,
+    ) -> Result<Self, ConfigError> {
         let template = SubjectTemplate::new(&nats.subject_template)?;
         let mut by_aggregate: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for (aggregate_type, event_type) in consumer.subscribed_types() {

@@ -12,7 +12,9 @@ use lapin::options::{
     QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use outbox_core::consumer::{Consumer, Delivery, Incoming, MessageSource, SourceError};
+use outbox_core::consumer::{
+    Consumer, ConsumerStore, Delivery, Incoming, MessageSource, SourceError,
+};
 use outbox_core::store::ConfigError;
 use tokio::task::JoinHandle;
 
@@ -52,7 +54,10 @@ impl RabbitSourceConfig {
     /// no binding matches never reaches the queue. To widen it, push keys
     /// onto `bindings` (`#` for everything on the exchange); events of
     /// aggregate types without a handler are then acknowledged as foreign.
-    pub fn for_consumer(consumer: &Consumer, rabbit: RabbitConfig) -> Result<Self, ConfigError> {
+    pub fn for_consumer<S: ConsumerStore>(
+        consumer: &Consumer<S>,
+        rabbit: RabbitConfig,
+    ) -> Result<Self, ConfigError> {
         let template = RoutingKeyTemplate::new(&rabbit.routing_key_template)?;
         let mut bindings: Vec<String> = consumer
             .subscribed_types()
