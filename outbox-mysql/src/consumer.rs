@@ -72,14 +72,28 @@ const NO_SUCH_SAVEPOINT: u16 = 1305;
 /// MySQL's and MariaDB's error number for a duplicate key.
 const DUPLICATE_KEY: u16 = 1062;
 
-/// Moves the locked position to a version and pins it (an unpinned one
-/// starts there). MySQL assigns left to right, each assignment seeing the
-/// ones before, so the start is computed before `pinned` changes. Binds:
-/// version, version, now, consumer, aggregate key.
-const SET_POSITION: &str = "UPDATE outbox_consumer_positions
-     SET start_version = IF(pinned, start_version, COALESCE(start_version, ?)),
-         pinned = 1, version = ?, updated_at = ?
-     WHERE consumer_name = ? AND aggregate_key = ?";
+/// Moves a position to a version and pins it (an unpinned one starts
+/// there), then `$tail`. MySQL assigns left to right, each assignment
+/// seeing the ones before, so the start is computed before `pinned`
+/// changes. Binds: version, version, now, consumer, aggregate key.
+macro_rules! move_position {
+    ($($tail:literal)?) => {
+        concat!(
+            "UPDATE outbox_consumer_positions
+             SET start_version = IF(pinned, start_version, COALESCE(start_version, ?)),
+                 pinned = 1, version = ?, updated_at = ?
+             WHERE consumer_name = ? AND aggregate_key = ?"
+            $(, $tail)?
+        )
+    };
+}
+
+/// Moves the locked position to a version (see `move_position!`).
+const SET_POSITION: &str = move_position!();
+
+/// Moves the position only from the version before (this is the next
+/// version); binds as [`SET_POSITION`], then the version once more.
+const ADVANCE_POSITION: &str = move_position!(" AND version = ? - 1");
 
 /// Whether the version after one waits parked and due. Binds: consumer,
 /// aggregate key, version, now.
@@ -676,20 +690,15 @@ impl ConsumerStore for MySqlConsumerStore {
         }
         let key = aggregate_key(&envelope.aggregate_type, &envelope.aggregate_id);
         let version = envelope.aggregate_version;
-        let moved = sqlx::query(
-            "UPDATE outbox_consumer_positions
-             SET start_version = IF(pinned, start_version, COALESCE(start_version, ?)),
-                 pinned = 1, version = ?, updated_at = ?
-             WHERE consumer_name = ? AND aggregate_key = ? AND version = ? - 1",
-        )
-        .bind(version)
-        .bind(version)
-        .bind(now_ms())
-        .bind(consumer)
-        .bind(&key)
-        .bind(version)
-        .execute(&mut *conn)
-        .await?;
+        let moved = sqlx::query(ADVANCE_POSITION)
+            .bind(version)
+            .bind(version)
+            .bind(now_ms())
+            .bind(consumer)
+            .bind(&key)
+            .bind(version)
+            .execute(&mut *conn)
+            .await?;
         if moved.rows_affected() == 1 {
             let successor_parked = Self::successor_parked(conn, consumer, &key, version).await?;
             return Ok(Some(StrictClaim::Advanced { successor_parked }));
