@@ -117,3 +117,39 @@ mod tests {
         assert_eq!(request.reason(), "consumer upgraded to v3");
     }
 }
+
+/// An audit row's outcomes with `more` appended: `stored` is the row's
+/// outcomes as JSON text (`None`: none yet), `more` an array of outcomes
+/// (or one). For stores that keep the outcomes as text and cannot append
+/// in SQL; the result is the text to write back.
+pub fn appended_outcomes(
+    stored: Option<&str>,
+    more: &serde_json::Value,
+) -> Result<String, serde_json::Error> {
+    let mut all: Vec<serde_json::Value> = match stored {
+        Some(text) => serde_json::from_str(text)?,
+        None => Vec::new(),
+    };
+    match more {
+        serde_json::Value::Array(more) => all.extend(more.iter().cloned()),
+        other => all.push(other.clone()),
+    }
+    Ok(serde_json::Value::Array(all).to_string())
+}
+
+#[cfg(test)]
+mod appended_outcomes_tests {
+    use super::appended_outcomes;
+    use serde_json::json;
+
+    #[test]
+    fn appends_to_none_to_an_array_and_one_value() {
+        assert_eq!(appended_outcomes(None, &json!([1, 2])).unwrap(), "[1,2]");
+        assert_eq!(
+            appended_outcomes(Some("[1]"), &json!([2])).unwrap(),
+            "[1,2]"
+        );
+        assert_eq!(appended_outcomes(Some("[1]"), &json!(2)).unwrap(), "[1,2]");
+        assert!(appended_outcomes(Some("not json"), &json!([])).is_err());
+    }
+}

@@ -358,11 +358,11 @@ impl ConsumerStore for MySqlConsumerStore {
             ("aggregate id", envelope.aggregate_id.as_str(), 500),
         ]
         .into_iter()
-        .find(|(_, value, limit)| value.chars().count() > *limit)
-        .map(|(what, value, limit)| {
+        .map(|(what, value, limit)| (what, value.chars().count(), limit))
+        .find(|(_, length, limit)| length > limit)
+        .map(|(what, length, limit)| {
             format!(
-                "the {what} has {} characters; the MySQL consumer store keeps at most {limit}",
-                value.chars().count()
+                "the {what} has {length} characters; the MySQL consumer store keeps at most {limit}"
             )
         })
     }
@@ -1506,18 +1506,10 @@ impl ConsumerStore for MySqlConsumerStore {
         let Some(stored) = stored else {
             return Ok(());
         };
-        let mut all: Vec<serde_json::Value> = match stored {
-            Some(text) => {
-                serde_json::from_str(&text).map_err(|error| sqlx::Error::Decode(error.into()))?
-            }
-            None => Vec::new(),
-        };
-        match outcomes {
-            serde_json::Value::Array(more) => all.extend(more.iter().cloned()),
-            other => all.push(other.clone()),
-        }
+        let all = outbox_core::audit::appended_outcomes(stored.as_deref(), outcomes)
+            .map_err(|error| sqlx::Error::Decode(error.into()))?;
         sqlx::query("UPDATE outbox_audit SET outcomes = ? WHERE id = ?")
-            .bind(serde_json::Value::Array(all).to_string())
+            .bind(all)
             .bind(audit_id)
             .execute(conn)
             .await?;

@@ -1320,19 +1320,11 @@ impl ConsumerStore for SqliteConsumerStore {
         let Some(stored) = stored else {
             return Ok(());
         };
-        let mut all: Vec<serde_json::Value> = match stored {
-            Some(text) => {
-                serde_json::from_str(&text).map_err(|error| sqlx::Error::Decode(error.into()))?
-            }
-            None => Vec::new(),
-        };
-        match outcomes {
-            serde_json::Value::Array(more) => all.extend(more.iter().cloned()),
-            other => all.push(other.clone()),
-        }
+        let all = outbox_core::audit::appended_outcomes(stored.as_deref(), outcomes)
+            .map_err(|error| sqlx::Error::Decode(error.into()))?;
         sqlx::query("UPDATE outbox_audit SET outcomes = ?2 WHERE id = ?1")
             .bind(audit_id)
-            .bind(serde_json::Value::Array(all).to_string())
+            .bind(all)
             .execute(conn)
             .await?;
         Ok(())
