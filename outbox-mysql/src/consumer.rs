@@ -52,7 +52,7 @@ use outbox_core::consumer::store::{
     ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
     StrictClaim, parked_letter_parts,
 };
-use outbox_core::consumer::{HANDLER_ENDED_TRANSACTION, HandlerError};
+use outbox_core::consumer::{HANDLER_ENDED_TRANSACTION, HandlerError, Incoming};
 use sqlx::mysql::MySqlRow;
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, MySqlConnection, MySqlPool, QueryBuilder, Row, Transaction};
@@ -351,7 +351,7 @@ impl ConsumerStore for MySqlConsumerStore {
     /// aggregate ids of more than 500 do not fit the consumer's columns
     /// (InnoDB's key limits; PostgreSQL has none, so another store's
     /// producer may send them).
-    fn refuses(&self, envelope: &Envelope) -> Option<String> {
+    fn refuses(&self, _incoming: &Incoming, envelope: &Envelope) -> Option<String> {
         [
             ("event type", envelope.event_type.as_str(), 255),
             ("aggregate type", envelope.aggregate_type.as_str(), 255),

@@ -9,9 +9,10 @@
 //! start is redelivered and applied in order, a dead letter is replayed
 //! once after the fix with an audit row, a handler that ends the
 //! consumer's transaction itself is a failed attempt, strict batches
-//! decide each message as it would be decided alone, and several instances
+//! decide each message as it would be decided alone, several instances
 //! of one consumer share an aggregate's versions without skipping or
-//! repeating one.
+//! repeating one, and a NUL character in a payload is kept or refused as
+//! the store's columns can hold it.
 //!
 //! While the failure switch is on, a store's handler fails (retryable) for
 //! counters whose name starts with `poison`, and writes its effect and then
@@ -52,6 +53,11 @@ pub trait ConsumerUnderTest: Sized {
 
     /// A fresh database with the outbox tables and an effects table.
     fn fresh() -> impl Future<Output = Self>;
+
+    /// Whether the store's columns hold a NUL character (`\u0000` in a
+    /// payload's string): SQLite and MySQL do; PostgreSQL's text and jsonb
+    /// do not, so its store refuses such a message.
+    const KEEPS_NUL: bool;
 
     /// A consumer `name` with `config`; its handler fails for `poison…`
     /// counters while `failing` is set.
@@ -129,6 +135,48 @@ pub async fn run<T: ConsumerUnderTest>() {
     a_handler_that_ends_the_transaction_itself_is_a_failed_attempt::<T>().await;
     strict_batches_apply_each_aggregate_in_version_order::<T>().await;
     several_instances_apply_every_version_once_in_order::<T>().await;
+    a_nul_character_is_applied_or_refused_as_the_store_can_keep_it::<T>().await;
+}
+
+/// A NUL character in a payload's string (`\u0000`, valid JSON) is kept
+/// where the store's columns can hold it: the message is parked behind its
+/// gap and applied in order (SQLite, MySQL). Where they cannot
+/// (PostgreSQL), the message is quarantined at once with a reason naming
+/// the NUL, not retried at every delivery.
+async fn a_nul_character_is_applied_or_refused_as_the_store_can_keep_it<T: ConsumerUnderTest>() {
+    let db = T::fresh().await;
+    let name = "nul";
+    let consumer = db.consumer(name, config(STRICT), Arc::default());
+    let mut third = tick("nul-1", 3);
+    third.payload = serde_json::value::to_raw_value(&serde_json::json!({
+        "counter": "nul-1", "tick": 3, "note": "before\u{0}after"
+    }))
+    .unwrap();
+    assert!(
+        std::str::from_utf8(Incoming::from_envelope(&third, 1).payload())
+            .unwrap()
+            .contains("\\u0000"),
+        "the payload carries the NUL as JSON's escape"
+    );
+    let first = consumer.handle_envelope(&tick("nul-1", 1)).await.unwrap();
+    let held = consumer.handle_envelope(&third).await.unwrap();
+    let second = consumer.handle_envelope(&tick("nul-1", 2)).await.unwrap();
+    assert_eq!((first, &second), (Outcome::Applied, &Outcome::Applied));
+    if T::KEEPS_NUL {
+        assert_eq!(held, Outcome::Parked { waiting_for: 2 });
+        assert_eq!(db.applied(name, "nul-1").await, vec![1, 2, 3]);
+        assert!(db.letters(name).await.is_empty());
+    } else {
+        match held {
+            Outcome::Quarantined { reason } => {
+                assert!(reason.contains("NUL character"), "{reason}")
+            }
+            other => panic!("expected a quarantine naming the NUL, got {other:?}"),
+        }
+        assert_eq!(db.applied(name, "nul-1").await, vec![1, 2]);
+        assert_eq!(db.letters(name).await.len(), 1);
+    }
+    db.finish().await;
 }
 
 /// Four instances of one strict consumer (two taking batches of 16, two

@@ -20,6 +20,7 @@ struct MariaDb {
 
 impl ConsumerUnderTest for MariaDb {
     type Store = MySqlConsumerStore;
+    const KEEPS_NUL: bool = true;
 
     async fn fresh() -> MariaDb {
         let db = MySqlTestDb::new().await;

@@ -17,6 +17,7 @@ struct Postgres(TestDb);
 
 impl ConsumerUnderTest for Postgres {
     type Store = PgConsumerStore;
+    const KEEPS_NUL: bool = false;
 
     async fn fresh() -> Postgres {
         let db = TestDb::new().await;

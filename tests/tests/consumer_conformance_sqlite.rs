@@ -19,6 +19,7 @@ struct Sqlite {
 
 impl ConsumerUnderTest for Sqlite {
     type Store = SqliteConsumerStore;
+    const KEEPS_NUL: bool = true;
 
     async fn fresh() -> Sqlite {
         let dir = tempfile::tempdir().unwrap();

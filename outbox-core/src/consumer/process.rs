@@ -200,7 +200,7 @@ impl<S: ConsumerStore> Consumer<S> {
         {
             return Prepared::Foreign;
         }
-        if let Some(reason) = unstorable(incoming).or_else(|| self.inner.store.refuses(&envelope)) {
+        if let Some(reason) = self.inner.store.refuses(incoming, &envelope) {
             return Prepared::Unreadable {
                 envelope: None,
                 reason,
@@ -828,27 +828,4 @@ pub(super) fn before_start_reason(envelope: &Envelope, start: i64) -> String {
         "strict ordering: version {} of {}/{} arrived after the aggregate was started at version {start} (the lowest version that arrived within the park timeout); it was never applied here",
         envelope.aggregate_version, envelope.aggregate_type, envelope.aggregate_id
     )
-}
-
-/// PostgreSQL text and jsonb cannot hold NUL characters; a message that
-/// carries one in an attribute or as `\u0000` in its payload is refused
-/// before any statement would fail on it.
-fn unstorable(incoming: &Incoming) -> Option<String> {
-    if let Some((name, _)) = incoming
-        .attributes()
-        .iter()
-        .find(|(name, value)| name.contains('\0') || value.contains('\0'))
-    {
-        return Some(format!(
-            "attribute {:?} contains a NUL character, which PostgreSQL text cannot store",
-            name.replace('\0', "\\0")
-        ));
-    }
-    let payload = incoming.payload();
-    if payload.contains(&0) || payload.windows(6).any(|w| w == b"\\u0000") {
-        return Some(
-            "the payload contains a NUL character, which PostgreSQL jsonb cannot store".into(),
-        );
-    }
-    None
 }

@@ -24,6 +24,7 @@ use sqlx::pool::PoolConnection;
 use uuid::Uuid;
 
 use super::handler::HandlerError;
+use super::incoming::Incoming;
 use crate::audit::RepairRequest;
 use crate::envelope::Envelope;
 
@@ -192,12 +193,14 @@ pub trait ConsumerStore: Send + Sync + 'static {
     /// The sqlx database; handlers receive `&mut` its connection type.
     type Db: Database;
 
-    /// Why this store cannot keep `envelope` in its tables (a column
-    /// shorter than the value), or `None`. The engine quarantines such a
-    /// message with its envelope left off (its raw attributes and payload
-    /// are kept) instead of failing on it at every delivery.
-    fn refuses(&self, envelope: &Envelope) -> Option<String> {
-        let _ = envelope;
+    /// Why this store cannot keep the message `incoming`, read as
+    /// `envelope`, in its tables (a column shorter than a value, a
+    /// character a column type cannot hold), or `None`. The engine
+    /// quarantines such a message with its envelope left off (its raw
+    /// attributes and payload are kept) instead of failing on it at every
+    /// delivery.
+    fn refuses(&self, incoming: &Incoming, envelope: &Envelope) -> Option<String> {
+        let _ = (incoming, envelope);
         None
     }
 

@@ -14,6 +14,7 @@ use super::SchemaName;
 use super::audit::AuditSql;
 use crate::audit::RepairRequest;
 use crate::consumer::HandlerError;
+use crate::consumer::Incoming;
 use crate::consumer::store::{
     ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
     StrictClaim,
@@ -641,6 +642,29 @@ fn begin_sql(timeout: Duration) -> String {
 
 impl ConsumerStore for PgConsumerStore {
     type Db = Postgres;
+
+    /// PostgreSQL text and jsonb cannot hold NUL characters: a message
+    /// that carries one in an attribute, or as `\u0000` in its payload, is
+    /// refused before any statement would fail on it at every delivery.
+    fn refuses(&self, incoming: &Incoming, _envelope: &Envelope) -> Option<String> {
+        if let Some((name, _)) = incoming
+            .attributes()
+            .iter()
+            .find(|(name, value)| name.contains('\0') || value.contains('\0'))
+        {
+            return Some(format!(
+                "attribute {:?} contains a NUL character, which PostgreSQL text cannot store",
+                name.replace('\0', "\\0")
+            ));
+        }
+        let payload = incoming.payload();
+        if payload.contains(&0) || payload.windows(6).any(|w| w == b"\\u0000") {
+            return Some(
+                "the payload contains a NUL character, which PostgreSQL jsonb cannot store".into(),
+            );
+        }
+        None
+    }
 
     /// Begins a transaction whose statements PostgreSQL cancels after the
     /// handler timeout (same round trip as BEGIN): a handler cut off by its
