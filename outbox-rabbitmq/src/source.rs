@@ -260,6 +260,20 @@ impl RabbitDelivery {
             })
             .map(|count| count.saturating_add(1))
             .unwrap_or(if delivery.redelivered { 2 } else { 1 });
+        let attribute = |wanted: &str| {
+            attributes
+                .iter()
+                .find(|(name, _)| name == wanted)
+                .map(|(_, value)| value.clone())
+        };
+        tracing::debug!(
+            delivery_tag = delivery.delivery_tag,
+            redelivered = delivery.redelivered,
+            event_id = ?attribute(outbox_core::ce::ID),
+            aggregate_id = ?attribute(outbox_core::ce::AGGREGATEID),
+            aggregate_version = ?attribute(outbox_core::ce::AGGREGATEVERSION),
+            "RabbitMQ delivery"
+        );
         let payload = delivery.data.clone();
         let incoming = match problem {
             None => Incoming::new(attributes, payload, attempt),

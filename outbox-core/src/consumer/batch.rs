@@ -331,8 +331,22 @@ impl<S: ConsumerStore> Consumer<S> {
             .into_iter()
             .map(|o| o.unwrap_or(Outcome::Duplicate))
             .collect();
-        for outcome in &outcomes {
+        for (incoming, outcome) in batch.iter().zip(&outcomes) {
             self.record(outcome);
+            if let Outcome::Quarantined { reason } | Outcome::DeadLettered { reason } = outcome {
+                tracing::warn!(
+                    consumer = %self.inner.name,
+                    event_id = ?incoming.attribute(crate::ce::ID),
+                    event_type = ?incoming.attribute(crate::ce::TYPE),
+                    %reason,
+                    "{}",
+                    if matches!(outcome, Outcome::Quarantined { .. }) {
+                        "message quarantined"
+                    } else {
+                        "message moved to dead letters"
+                    }
+                );
+            }
         }
         for (aggregate_type, aggregate_id) in ready {
             self.drain_logged(&aggregate_type, &aggregate_id).await;

@@ -161,6 +161,13 @@ async fn settle<S: ConsumerStore, D: Delivery>(
             // (pipelined on the broker connection), none waits for another.
             let settled = futures_util::future::join_all(batch.into_iter().zip(outcomes).map(
                 |(delivery, outcome)| async move {
+                    tracing::debug!(
+                        consumer = %consumer.name(),
+                        event_id = ?delivery.incoming().attribute(crate::ce::ID),
+                        attempt = delivery.incoming().attempt(),
+                        outcome = outcome.label(),
+                        "message settled"
+                    );
                     match outcome {
                         Outcome::Retry { delay, .. } => delivery.retry_later(delay).await,
                         _ => delivery.ack().await,
