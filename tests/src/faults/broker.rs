@@ -302,9 +302,54 @@ impl RigBroker {
         Ok(())
     }
 
+    /// Waits (up to `limit`) until each queue in `queues` exists and has a
+    /// consumer (RabbitMQ; other brokers keep messages for consumers that
+    /// come later). A source declares and binds its queue before it
+    /// consumes, so this is the README's "declare the consumers' queues
+    /// first": RabbitMQ routes a message only to the queues bound when it
+    /// is published, and the tap queue accepts the relays' `mandatory`
+    /// publishes, so an event published before a consumer's queue is bound
+    /// would never reach that consumer.
+    pub async fn wait_for_queues(&self, queues: &[&str], limit: Duration) {
+        let RigBroker::RabbitMq { node, .. } = self else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + limit;
+        for queue in queues {
+            loop {
+                let consumers = match rabbit_channel(&node.url()).await {
+                    // A passive declare of a missing queue closes the
+                    // channel: a fresh one each look.
+                    Ok(channel) => channel
+                        .queue_declare(
+                            (*queue).into(),
+                            QueueDeclareOptions {
+                                passive: true,
+                                ..QueueDeclareOptions::default()
+                            },
+                            FieldTable::default(),
+                        )
+                        .await
+                        .map(|declared| declared.consumer_count())
+                        .unwrap_or(0),
+                    Err(_) => 0,
+                };
+                if consumers > 0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the consumers' queue {queue} has no consumer after {limit:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
     /// The exchange, and a durable queue bound to every routing key: it
-    /// keeps a copy of every message for [`republish`](Self::republish),
-    /// and lets `mandatory` publishes through before the consumers bind.
+    /// keeps a copy of every message for [`republish`](Self::republish).
+    /// It does not stand in for the consumers' queues: the rig waits for
+    /// those before any event is written ([`wait_for_queues`](Self::wait_for_queues)).
     async fn declare_tap(&self) {
         let RigBroker::RabbitMq { node, .. } = self else {
             return;

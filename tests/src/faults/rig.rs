@@ -228,6 +228,12 @@ impl Rig {
                 rig.consumers.push(node);
             }
         }
+        // Nothing is written before the consumers' queues are bound (the
+        // producer and the poison come after `start`).
+        let queues: Vec<&str> = CONSUMERS.iter().map(|(name, _)| *name).collect();
+        rig.broker
+            .wait_for_queues(&queues, Duration::from_secs(60))
+            .await;
         rig
     }
 
