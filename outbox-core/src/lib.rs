@@ -153,28 +153,28 @@
 //! # Ok(()) }
 //! ```
 
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 pub mod audit;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 pub mod consumer;
 mod contract;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 mod emit;
 pub mod encoding;
 mod envelope;
 pub mod failpoint;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 pub mod metrics;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 pub mod ops;
 mod redact;
 mod registry;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 pub mod relay;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 pub mod store;
 pub mod trace;
-#[cfg(feature = "postgres")]
+#[cfg(feature = "runtime")]
 pub mod transport;
 mod upcast;
 
@@ -186,14 +186,16 @@ pub use contract::{
     CompatibilityMode, ContractKey, EventContract, OutboxEvent, PayloadError, UpcastKind,
     UpcastLink,
 };
-#[cfg(feature = "postgres")]
-pub use emit::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft, Outbox, emit, emit_all};
+#[cfg(feature = "runtime")]
+pub use emit::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft};
 pub use envelope::{Envelope, EnvelopeError, ce, dataschema_uri, dataschema_uri_with_base};
 pub use redact::{
     REDACTED, mask_all, mask_fields, redacted_payload, scrub_message, scrub_with_secrets,
     secret_values,
 };
 pub use registry::{ContractRegistry, RegistryError, RegistryErrors, submitted_contracts};
+#[cfg(feature = "postgres")]
+pub use store::{Outbox, emit, emit_all};
 pub use upcast::{BoxError, DecodeError, PayloadMismatch, UpcastError, UpcastFailure};
 
 /// Derives [`OutboxEvent`] for a struct with named fields; see the crate

@@ -6,15 +6,17 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use sqlx::{PgConnection, PgPool};
 
 use super::config::{ConsumerConfig, validate_name};
 use super::handler::{Dispatch, FnHandler, Handler, HandlerError, Received, Typed};
 use super::store::ConsumerStore;
+use super::store::DefaultConnection;
 use super::{Consumer, Inner};
 use crate::contract::OutboxEvent;
 use crate::registry::{ContractRegistry, RegistryErrors};
-use crate::store::{ConfigError, PgConsumerStore, SchemaName};
+use crate::store::ConfigError;
+#[cfg(feature = "postgres")]
+use crate::store::{PgConsumerStore, SchemaName};
 
 /// One problem found while building a consumer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,7 +123,7 @@ impl std::error::Error for BuildErrors {}
 /// set, and each single setter ([`ordering`](Self::ordering),
 /// [`retry`](Self::retry), [`batch_size`](Self::batch_size)) wins over the
 /// same field of it, whether it was called before or after.
-pub struct ConsumerBuilder<C = PgConnection> {
+pub struct ConsumerBuilder<C = DefaultConnection> {
     name: String,
     config: ConsumerConfig,
     overrides: Overrides,
@@ -171,6 +173,7 @@ impl<C> fmt::Debug for ConsumerBuilder<C> {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl ConsumerBuilder {
     /// A consumer called `name` on PostgreSQL: its inbox key, its
     /// positions, its dead letters and its JetStream durable name.
@@ -180,7 +183,7 @@ impl ConsumerBuilder {
 
     /// Checks everything and builds the consumer on `pool`, with its tables
     /// in `schema` (migrated with [`crate::store::migrate`]).
-    pub fn build(self, pool: PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
+    pub fn build(self, pool: sqlx::PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
         self.build_on(PgConsumerStore::new(pool, schema))
     }
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::contract::OutboxEvent;
@@ -175,7 +174,9 @@ impl fmt::Display for HandlerError {
 ///
 /// `C` is the connection type of the consumer's store: `PgConnection` (the
 /// default) on PostgreSQL.
-pub trait Handler<E: OutboxEvent, C: Send + 'static = PgConnection>: Send + Sync + 'static {
+pub trait Handler<E: OutboxEvent, C: Send + 'static = super::store::DefaultConnection>:
+    Send + Sync + 'static
+{
     /// Applies `event`.
     fn handle(
         &self,

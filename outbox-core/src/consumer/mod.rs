@@ -63,6 +63,7 @@ pub use builder::{BuildError, BuildErrors, ConsumerBuilder};
 pub use config::{ConsumerConfig, Ordering, RetryPolicy, StrictStart};
 pub use handler::{EventMeta, Handler, HandlerError, Received, idempotency_key};
 pub use incoming::{Incoming, Outcome};
+#[cfg(feature = "postgres")]
 pub(crate) use process::SWALLOWED;
 pub use process::{ConsumerError, HANDLER_ENDED_TRANSACTION};
 pub use replay::{ReplayError, ReplayOutcome, ReplayReport};
@@ -71,13 +72,12 @@ pub use source::{
     ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, ChannelStatsHandle, Delivery,
     MessageSource, SourceError, channel,
 };
-pub use store::{ConsumerStore, StoreConnection};
+pub use store::{ConsumerStore, DefaultConnection, NoDefaultStore, StoreConnection};
 pub use strict::SweepReport;
 
 pub use config::validate_name as validate_consumer_name;
 
 use crate::registry::ContractRegistry;
-use crate::store::PgConsumerStore;
 use handler::Dispatch;
 
 /// A built consumer. Cheap to clone; every clone shares the handlers.
@@ -86,7 +86,19 @@ use handler::Dispatch;
 ///
 /// `S` is the store it keeps its inbox, positions and letters in: the
 /// PostgreSQL store unless built with [`ConsumerBuilder::build_on`].
-pub struct Consumer<S: ConsumerStore = PgConsumerStore> {
+#[cfg(feature = "postgres")]
+pub struct Consumer<S: ConsumerStore = crate::store::PgConsumerStore> {
+    inner: Arc<Inner<S>>,
+}
+
+/// A built consumer. Cheap to clone; every clone shares the handlers.
+/// Run it with [`Consumer::spawn`] on a [`MessageSource`], or feed it
+/// messages yourself with [`Consumer::handle`] / [`Consumer::handle_batch`].
+///
+/// `S` is the store it keeps its inbox, positions and letters in (built
+/// with [`ConsumerBuilder::build_on`]).
+#[cfg(not(feature = "postgres"))]
+pub struct Consumer<S: ConsumerStore> {
     inner: Arc<Inner<S>>,
 }
 

@@ -46,8 +46,10 @@ mod repair;
 mod status;
 mod store;
 
+#[cfg(feature = "postgres")]
 use std::sync::Arc;
 
+#[cfg(feature = "postgres")]
 use sqlx::PgPool;
 
 pub use outcome::{LetterRepairState, check_repair_ids};
@@ -64,8 +66,11 @@ pub use status::{
 pub use store::{CleanupProgress, LetterStore, OperationsStore};
 
 use crate::audit::RepairError;
+#[cfg(feature = "postgres")]
 use crate::store::SchemaName;
+#[cfg(feature = "postgres")]
 use crate::store::audit::AuditSql;
+#[cfg(feature = "postgres")]
 use crate::store::ops::OpsSql;
 
 /// An operation failed.
@@ -94,6 +99,7 @@ pub enum OpsError {
 }
 
 impl OpsError {
+    #[cfg(feature = "postgres")]
     pub(crate) fn database(doing: &'static str) -> impl FnOnce(sqlx::Error) -> OpsError {
         move |source| OpsError::Database { doing, source }
     }
@@ -103,6 +109,7 @@ impl OpsError {
 pub const MAX_REPAIR_IDS: usize = 10_000;
 
 /// The operations API over one outbox schema. Cheap to clone.
+#[cfg(feature = "postgres")]
 #[derive(Debug, Clone)]
 pub struct Ops {
     pool: PgPool,
@@ -113,6 +120,7 @@ pub struct Ops {
     failed_heads: crate::relay::FailedHeadPolicy,
 }
 
+#[cfg(feature = "postgres")]
 impl Ops {
     /// Operations on the outbox in `schema` (migrated) of `pool`'s database.
     pub fn new(pool: PgPool, schema: SchemaName) -> Ops {

@@ -4,9 +4,11 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+#[cfg(feature = "postgres")]
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
+#[cfg(feature = "postgres")]
 use super::{Ops, OpsError};
 
 /// A page of a listing and the cursor of the next one.
@@ -266,6 +268,7 @@ pub fn page_limit(limit: Option<i64>) -> i64 {
     limit.unwrap_or(50).clamp(1, 1000)
 }
 
+#[cfg(feature = "postgres")]
 impl Ops {
     /// Events with a status, filtered, oldest first.
     pub async fn events(&self, filter: &EventFilter) -> Result<Page<EventRecord>, OpsError> {
@@ -465,6 +468,7 @@ impl Ops {
     }
 }
 
+#[cfg(feature = "postgres")]
 fn audit_record(row: &sqlx::postgres::PgRow) -> Result<AuditRecord, sqlx::Error> {
     Ok(AuditRecord {
         id: row.try_get("id")?,

@@ -4,14 +4,21 @@
 //! published rows cleaned up. Each repair is one transaction that also
 //! writes its audit row: who, when, why, which ids, what happened to each.
 
+#[cfg(feature = "postgres")]
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Serialize;
+#[cfg(feature = "postgres")]
 use sqlx::{AssertSqlSafe, Row};
+#[cfg(feature = "postgres")]
 use uuid::Uuid;
 
-use super::{LetterKind, LetterRepairState, Ops, OpsError, check_repair_ids};
+#[cfg(feature = "postgres")]
+use super::LetterKind;
+#[cfg(feature = "postgres")]
+use super::{LetterRepairState, Ops, OpsError, check_repair_ids};
+#[cfg(feature = "postgres")]
 use crate::audit::RepairRequest;
 
 /// What a repair did to one id.
@@ -104,10 +111,12 @@ pub struct CleanupReport {
     pub audit_id: Option<i64>,
 }
 
+#[cfg(feature = "postgres")]
 fn outcomes_json(outcomes: &[IdOutcome]) -> serde_json::Value {
     serde_json::to_value(outcomes).unwrap_or(serde_json::Value::Null)
 }
 
+#[cfg(feature = "postgres")]
 impl Ops {
     /// Sets failed events back to pending with their attempts reset. Under
     /// `FailedHeadPolicy::Block` a failed event is its aggregate's head: the

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+#[cfg(feature = "postgres")]
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
+#[cfg(feature = "postgres")]
 use super::{Ops, OpsError};
 
 /// What counts as a problem for [`Status::problems`].
@@ -179,10 +181,12 @@ pub struct Status {
     pub problems: Vec<String>,
 }
 
+#[cfg(feature = "postgres")]
 fn age(at: Option<DateTime<Utc>>) -> Option<f64> {
     at.map(|at| (Utc::now() - at).to_std().unwrap_or_default().as_secs_f64())
 }
 
+#[cfg(feature = "postgres")]
 impl Ops {
     /// Reads the status; `problems` lists what a health check should flag.
     pub async fn status(&self, options: &StatusOptions) -> Result<Status, OpsError> {

@@ -35,7 +35,9 @@ pub use store::{
     OutboxStats, RelayStore, StoreError, WakeupListener,
 };
 
-use crate::store::{ConfigError, PgRelayStore, SchemaName};
+use crate::store::ConfigError;
+#[cfg(feature = "postgres")]
+use crate::store::{PgRelayStore, SchemaName};
 use crate::transport::Transport;
 use worker::Shared;
 
@@ -55,6 +57,7 @@ pub struct Relay {
 
 impl Relay {
     /// Starts a relay over the PostgreSQL outbox of `schema`.
+    #[cfg(feature = "postgres")]
     pub async fn start_postgres<T: Transport>(
         pool: sqlx::PgPool,
         schema: SchemaName,

@@ -6,11 +6,16 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
 use tokio::sync::watch;
+#[cfg(feature = "postgres")]
 use tokio::task::JoinHandle;
 
+#[cfg(feature = "postgres")]
 use super::store::StoreError;
+#[cfg(feature = "postgres")]
 use crate::metrics as m;
+#[cfg(feature = "postgres")]
 use crate::store::{ConfigError, PgRelayStore};
 
 /// Retention settings.
@@ -44,6 +49,7 @@ impl Default for RetentionConfig {
 }
 
 impl RetentionConfig {
+    #[cfg(feature = "postgres")]
     fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=100_000).contains(&self.batch_size) {
             return Err(ConfigError::InvalidValue {
@@ -73,6 +79,7 @@ pub struct RetentionReport {
 }
 
 /// Deletes everything due, batch by batch, until a batch comes back short.
+#[cfg(feature = "postgres")]
 pub async fn run_once(
     store: &PgRelayStore,
     config: &RetentionConfig,
@@ -109,11 +116,13 @@ pub async fn run_once(
 }
 
 /// Retention as an owned background task.
+#[cfg(feature = "postgres")]
 pub struct Retention {
     shutdown: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
 }
 
+#[cfg(feature = "postgres")]
 impl Retention {
     /// Starts the periodic task.
     pub fn start(
@@ -163,6 +172,7 @@ impl Retention {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl Drop for Retention {
     fn drop(&mut self) {
         if let Some(task) = &self.task {

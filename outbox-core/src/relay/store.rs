@@ -23,6 +23,7 @@ pub struct StoreError {
 }
 
 impl StoreError {
+    #[cfg(feature = "postgres")]
     pub(crate) fn new(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
         move |source| StoreError { operation, source }
     }
