@@ -23,6 +23,10 @@
 //! - **mandatory**: a message no queue is bound for comes back from the
 //!   broker, and is a retryable failure: its event is not marked
 //!   published until a queue is bound (RabbitMQ would drop it silently).
+//!   It protects only while no queue at all is bound: RabbitMQ routes a
+//!   message to the queues bound when it is published, so declare every
+//!   consumer's queue ([`RabbitSource::declare`]) before the relay first
+//!   publishes what that consumer must see.
 //!
 //! **Ordering.** A queue is declared with `x-single-active-consumer`: of all
 //! instances consuming it, one receives messages at a time, in queue order;

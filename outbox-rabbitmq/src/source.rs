@@ -107,26 +107,7 @@ impl RabbitSource {
     /// is not an error: the source starts and subscribes once it can (each
     /// failed attempt is a source error, and the consumer loop backs off).
     pub async fn connect(config: RabbitSourceConfig) -> Result<RabbitSource, RabbitError> {
-        outbox_core::consumer::validate_consumer_name(&config.queue)?;
-        config.rabbit.validate()?;
-        if config.prefetch == 0 {
-            return Err(ConfigError::InvalidValue {
-                what: "RabbitMQ prefetch",
-                reason: "must be above zero (zero means unbounded in AMQP)".into(),
-            }
-            .into());
-        }
-        if let Some(bad) = config
-            .bindings
-            .iter()
-            .find(|b| b.is_empty() || b.len() > 255 || b.contains(char::is_whitespace))
-        {
-            return Err(ConfigError::InvalidValue {
-                what: "RabbitMQ bindings",
-                reason: format!("{bad:?} is not a binding key"),
-            }
-            .into());
-        }
+        validate(&config)?;
         let mut source = RabbitSource {
             config: Arc::new(config),
             link: None,
@@ -147,6 +128,23 @@ impl RabbitSource {
         Ok(source)
     }
 
+    /// Declares the consumer's durable queue and its bindings (and the
+    /// exchange, unless `rabbit.declare` is off) without consuming, then
+    /// disconnects. RabbitMQ routes a message only to the queues bound
+    /// when it is published, so a consumer whose queue is declared after
+    /// the relay published (while another consumer's queue was bound, so
+    /// `mandatory` did not return the message) never receives those
+    /// events. Run this at deploy time, before the relay starts, for every
+    /// consumer (the same settings as its source: the queue's arguments
+    /// must match). Safe to run again.
+    pub async fn declare(config: &RabbitSourceConfig) -> Result<(), RabbitError> {
+        validate(config)?;
+        let link = open(&config.rabbit).await?;
+        declare_queue(&link, config).await?;
+        let _ = link.connection.close(200, "declared".into()).await;
+        Ok(())
+    }
+
     /// Starts a subscription in the background unless one is under way,
     /// at most once per [`RECONNECT_PAUSE`].
     fn start_subscribing(&mut self) {
@@ -165,9 +163,54 @@ impl RabbitSource {
     }
 }
 
+/// Checks the settings before anything connects.
+fn validate(config: &RabbitSourceConfig) -> Result<(), RabbitError> {
+    outbox_core::consumer::validate_consumer_name(&config.queue)?;
+    config.rabbit.validate()?;
+    if config.prefetch == 0 {
+        return Err(ConfigError::InvalidValue {
+            what: "RabbitMQ prefetch",
+            reason: "must be above zero (zero means unbounded in AMQP)".into(),
+        }
+        .into());
+    }
+    if let Some(bad) = config
+        .bindings
+        .iter()
+        .find(|b| b.is_empty() || b.len() > 255 || b.contains(char::is_whitespace))
+    {
+        return Err(ConfigError::InvalidValue {
+            what: "RabbitMQ bindings",
+            reason: format!("{bad:?} is not a binding key"),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Connects, declares the exchange and the queue, binds it and consumes.
 async fn subscribe(config: &RabbitSourceConfig) -> Result<Subscription, RabbitError> {
     let link = open(&config.rabbit).await?;
+    declare_queue(&link, config).await?;
+    let consumer = link
+        .channel
+        .basic_consume(
+            config.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| RabbitError::Topology {
+            what: format!("queue {}", config.queue),
+            reason: e.to_string(),
+        })?;
+    Ok((link, consumer))
+}
+
+/// Sets the prefetch, declares the durable queue and binds it once per
+/// binding key.
+async fn declare_queue(link: &Link, config: &RabbitSourceConfig) -> Result<(), RabbitError> {
     let topology = |what: String| {
         move |e: lapin::Error| RabbitError::Topology {
             what,
@@ -203,17 +246,7 @@ async fn subscribe(config: &RabbitSourceConfig) -> Result<Subscription, RabbitEr
             .await
             .map_err(topology(format!("binding {binding:?} of {queue_what}")))?;
     }
-    let consumer = link
-        .channel
-        .basic_consume(
-            config.queue.as_str().into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(topology(queue_what))?;
-    Ok((link, consumer))
+    Ok(())
 }
 
 /// A RabbitMQ message being processed.

@@ -15,8 +15,9 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions, Que
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
 use outbox_core::Envelope;
+use outbox_core::consumer::MessageSource;
 use outbox_core::transport::Transport;
-use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
+use outbox_rabbitmq::{RabbitConfig, RabbitSource, RabbitSourceConfig, RabbitTransport};
 use outbox_tests::conformance::rabbitmq::amqp_url;
 use outbox_tests::conformance::unique_name;
 use outbox_tests::events::Ticked;
@@ -273,4 +274,92 @@ async fn a_message_no_queue_is_bound_for_waits_instead_of_being_dropped() {
     }
     assert_eq!(versions, vec!["1", "2", "3"]);
     db.drop_schema().await;
+}
+
+/// RabbitMQ routes a message only to the queues bound when it is
+/// published: while one consumer's queue is bound, `mandatory` does not
+/// send a message back, and a consumer whose queue is declared later never
+/// sees it. `RabbitSource::declare` (at deploy time, before the relay)
+/// binds a consumer's queue without consuming, so what is published
+/// meanwhile waits in it for the consumer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_declared_before_publishing_keeps_what_is_published_until_its_consumer_starts() {
+    let rabbit = RabbitConfig {
+        url: amqp_url(),
+        exchange: unique_name("declared"),
+        ..RabbitConfig::default()
+    };
+    let source_config = |queue: String| RabbitSourceConfig {
+        rabbit: rabbit.clone(),
+        queue,
+        bindings: vec!["counter.counter.ticked".into()],
+        prefetch: 10,
+        single_active_consumer: true,
+    };
+    let early = source_config(unique_name("declared-early"));
+    let late = source_config(unique_name("declared-late"));
+    RabbitSource::declare(&early).await.unwrap();
+    RabbitSource::declare(&early)
+        .await
+        .expect("declaring again is safe");
+
+    let transport = RabbitTransport::connect(rabbit.clone()).await.unwrap();
+    for version in 1..=3_i64 {
+        let envelope =
+            Envelope::for_event(&Ticked::new("declared", version as u64), version).unwrap();
+        assert!(transport.publish(&[&envelope]).await[0].is_ok());
+    }
+    // Confirmed before the late queue exists: RabbitMQ gave it nothing.
+    RabbitSource::declare(&late).await.unwrap();
+    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    let waiting = |queue: String| {
+        let channel = channel.clone();
+        async move {
+            channel
+                .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+                .await
+                .unwrap()
+                .message_count()
+        }
+    };
+    assert_eq!(
+        waiting(late.queue.clone()).await,
+        0,
+        "the late queue missed them"
+    );
+    assert_eq!(
+        waiting(early.queue.clone()).await,
+        3,
+        "the declared queue kept them"
+    );
+
+    // The consumer starts later and receives all three, in order.
+    let mut source = RabbitSource::connect(early.clone()).await.unwrap();
+    let mut versions = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while versions.len() < 3 {
+            for delivery in source.next_batch(10).await.unwrap() {
+                use outbox_core::consumer::Delivery;
+                versions.push(delivery.incoming().envelope().unwrap().aggregate_version);
+                delivery.ack().await.unwrap();
+            }
+        }
+    })
+    .await
+    .expect("the three events reach the consumer");
+    assert_eq!(versions, vec![1, 2, 3]);
+    drop(source);
+    for queue in [&early.queue, &late.queue] {
+        channel
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await
+            .unwrap();
+    }
 }
