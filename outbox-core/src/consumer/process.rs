@@ -542,7 +542,7 @@ impl<S: ConsumerStore> Consumer<S> {
         };
         match settle {
             Ok(successor_parked) => Ok(Ok(successor_parked)),
-            Err(error) if crate::store::has_sqlstate(&error, "25P02") => {
+            Err(error) if self.inner.store.is_failed_transaction(&error) => {
                 Ok(Err(HandlerError::retryable(SWALLOWED)))
             }
             Err(error) => Err(self.db_error("setting the aggregate position")(error)),

@@ -222,6 +222,17 @@ pub trait ConsumerStore: Send + Sync + 'static {
         None
     }
 
+    /// Whether `error`, from a statement the engine ran after a handler
+    /// returned `Ok`, says the handler left the transaction failed (it
+    /// caught a statement's error and went on): a failed attempt, not a
+    /// database error. PostgreSQL answers SQLSTATE 25P02; by default no
+    /// error is such an answer (SQLite and MySQL let a transaction go on
+    /// after a failed statement).
+    fn is_failed_transaction(&self, error: &sqlx::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Begins a transaction for one message. Statements in it should be
     /// cut off after `handler_timeout` where the database can do that
     /// (PostgreSQL: `SET LOCAL statement_timeout`), so a handler stopped by

@@ -30,6 +30,7 @@ impl StoreError {
 
     /// Whether PostgreSQL cancelled the statement (SQLSTATE 57014: its
     /// statement timeout, or a cancel request).
+    #[cfg(feature = "postgres")]
     pub fn is_statement_timeout(&self) -> bool {
         crate::store::has_sqlstate(&self.source, "57014")
     }
@@ -190,6 +191,15 @@ pub trait RelayStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Batch, StoreError>> + Send {
         let _ = worker_id;
         self.claim(limit)
+    }
+
+    /// Whether `error` is the database cutting a claim off by its statement
+    /// timeout (the relay then claims fewer events until claims go through
+    /// again). By default no error is: a store without a statement timeout
+    /// never cuts a claim off.
+    fn is_statement_timeout(&self, error: &StoreError) -> bool {
+        let _ = error;
+        false
     }
 
     /// The worker `worker_id` will not claim for a while (its transport is

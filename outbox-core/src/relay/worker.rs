@@ -90,7 +90,7 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
                 batch
             }
             Err(error) => {
-                if error.is_statement_timeout() {
+                if shared.store.is_statement_timeout(&error) {
                     claim_size.timed_out();
                     tracing::warn!(
                         claim_size = claim_size.get(),

@@ -646,6 +646,11 @@ impl ConsumerStore for PgConsumerStore {
     /// PostgreSQL text and jsonb cannot hold NUL characters: a message
     /// that carries one in an attribute, or as `\u0000` in its payload, is
     /// refused before any statement would fail on it at every delivery.
+    /// SQLSTATE 25P02: the handler caught a statement's error and went on.
+    fn is_failed_transaction(&self, error: &sqlx::Error) -> bool {
+        super::has_sqlstate(error, "25P02")
+    }
+
     fn refuses(&self, incoming: &Incoming, _envelope: &Envelope) -> Option<String> {
         if let Some((name, _)) = incoming
             .attributes()

@@ -38,8 +38,9 @@ pub use relay::{
 pub(crate) use schema::validate_identifier;
 pub use schema::{ConfigError, SchemaName};
 
-/// Whether the database answered `error` with the SQLSTATE `code` (e.g.
-/// PostgreSQL's `57014`, a cancelled statement).
+#[cfg(feature = "postgres")]
+/// Whether PostgreSQL answered `error` with the SQLSTATE `code` (e.g.
+/// `57014`, a cancelled statement).
 pub(crate) fn has_sqlstate(error: &sqlx::Error, code: &str) -> bool {
     error
         .as_database_error()

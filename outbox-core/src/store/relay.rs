@@ -742,6 +742,12 @@ impl RelayStore for PgRelayStore {
     type Batch = PgClaim;
     type Listener = PgWakeups;
 
+    /// SQLSTATE 57014: the claim's `statement_timeout` (or a cancel
+    /// request) cut it off.
+    fn is_statement_timeout(&self, error: &StoreError) -> bool {
+        error.is_statement_timeout()
+    }
+
     async fn claim(&self, limit: usize) -> Result<PgClaim, StoreError> {
         let mut transaction = self
             .pool
