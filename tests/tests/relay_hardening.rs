@@ -412,6 +412,10 @@ impl RelayStore for HookedClaims {
         self.inner.claim(limit).await
     }
 
+    fn is_statement_timeout(&self, error: &StoreError) -> bool {
+        self.inner.is_statement_timeout(error)
+    }
+
     async fn heartbeat(&self, worker_id: uuid::Uuid, waiting: bool) -> Result<(), StoreError> {
         self.inner.heartbeat(worker_id, waiting).await
     }

@@ -196,7 +196,9 @@ pub trait RelayStore: Send + Sync + 'static {
     /// Whether `error` is the database cutting a claim off by its statement
     /// timeout (the relay then claims fewer events until claims go through
     /// again). By default no error is: a store without a statement timeout
-    /// never cuts a claim off.
+    /// never cuts a claim off. A store that wraps another forwards this
+    /// with its claims, or the relay cannot tell a timed-out claim from
+    /// any other failure and keeps asking for as many events.
     fn is_statement_timeout(&self, error: &StoreError) -> bool {
         let _ = error;
         false
