@@ -47,7 +47,7 @@
 //! use outbox_core::{Outbox, OutboxEvent};
 //! use outbox_core::relay::{Relay, RelayConfig, RelayStore};
 //! use outbox_core::store::{PgRelayStore, SchemaName};
-//! use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
+//! use outbox_rabbitmq::{RabbitConfig, RabbitSource, RabbitSourceConfig, RabbitTransport};
 //! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
 //! # #[outbox(event_type = "doc.order_shipped", aggregate = "doc_shipment", version = 1)]
 //! # struct OrderPlaced { #[outbox(aggregate_id)] order_id: String, total_cents: i64 }
@@ -66,6 +66,16 @@
 //!     exchange: format!("doc-relay-{}", std::process::id()),
 //!     ..RabbitConfig::default()
 //! };
+//! // Queues first: a consumer's queue is bound before the relay publishes
+//! // (usually `RabbitSourceConfig::for_consumer(&consumer, ..)`).
+//! let queue = RabbitSourceConfig {
+//!     rabbit: rabbit.clone(),
+//!     queue: format!("doc-relay-{}", std::process::id()),
+//!     bindings: vec!["#".into()],
+//!     prefetch: 10,
+//!     single_active_consumer: true,
+//! };
+//! RabbitSource::declare(&queue).await?;
 //! let transport = RabbitTransport::connect(rabbit).await?; // declares the exchange
 //! let relay = Relay::start_postgres(pool.clone(), schema.clone(), transport, RelayConfig::default()).await?;
 //!
@@ -73,7 +83,11 @@
 //! while store.stats().await?.pending > 0 {
 //!     tokio::time::sleep(Duration::from_millis(20)).await;
 //! }
+//! assert_eq!(store.stats().await?.failed, 0, "published, not given up on");
 //! relay.drain(Duration::from_secs(5)).await?;
+//! # let connection = lapin::Connection::connect(&queue.rabbit.url, lapin::ConnectionProperties::default()).await?;
+//! # let channel = connection.create_channel().await?;
+//! # channel.queue_delete(queue.queue.as_str().into(), lapin::options::QueueDeleteOptions::default()).await?;
 //! # sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", schema.quoted()))).execute(&pool).await?;
 //! # Ok(()) }
 //! ```
