@@ -20,6 +20,24 @@
 //! apply their database effects once per (consumer, event id); ordering is
 //! per aggregate, never global.
 //!
+//! ## Features
+//!
+//! - `derive` (default): `#[derive(OutboxEvent)]`.
+//! - `runtime`: the engine on sqlx's database-neutral traits, with no
+//!   driver: relay and consumer loops, ordering, replay, audit, the
+//!   operations API's types and the store seams
+//!   ([`relay::RelayStore`], [`consumer::ConsumerStore`],
+//!   [`ops::OperationsStore`], [`ops::LetterStore`]), transports. Enough
+//!   for `outbox-sqlite` and `outbox-mysql`; a service on one of them can
+//!   leave out `postgres` and compiles no PostgreSQL driver.
+//! - `postgres` (default; implies `runtime`): the PostgreSQL store
+//!   ([`Outbox`], [`store::PgRelayStore`], [`store::PgConsumerStore`],
+//!   [`ops::Ops`], migrations) and the default type parameters that name
+//!   it (`Consumer<S = PgConsumerStore>`, `ConsumerBuilder<C =
+//!   PgConnection>`, `Handler<E, C = PgConnection>`).
+//! - `failpoints`: the failure windows forced in tests ([`failpoint`]).
+//! - `opentelemetry`: trace context from and to OpenTelemetry spans.
+//!
 //! The examples below run against the PostgreSQL at `DATABASE_URL` (the
 //! repository's `scripts/test.sh` starts it), each in a schema of its own.
 //!
