@@ -17,7 +17,7 @@ ensure_mariadb
 cargo test --workspace --all-targets "$@"
 cargo test --workspace --doc
 # A user's crate outside the workspace that follows the README's SQLite
-# section with outbox-core's postgres feature off: it emits, relays and
+# section (outbox-core with its default features, outbox-sqlite): it emits, relays and
 # applies an event once, and its dependency tree holds no PostgreSQL driver.
 cargo run --quiet --manifest-path tests/readme-sqlite/Cargo.toml
 if cargo tree --manifest-path tests/readme-sqlite/Cargo.toml -e normal --prefix none | grep -q '^sqlx-postgres '; then

@@ -23,11 +23,12 @@
 //!   the consumers' queues are deleted first, so each run starts clean.
 
 use anyhow::{Context, bail};
-use outbox_core::consumer::{Consumer, ConsumerTask};
+use outbox_core::consumer::ConsumerTask;
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::SchemaName;
 use outbox_kafka::{KafkaConfig, KafkaSource, KafkaSourceConfig, KafkaTransport, TopicTemplate};
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
+use outbox_postgres::prelude::*;
+use outbox_postgres::{PgConsumer, SchemaName};
 use outbox_rabbitmq::{RabbitConfig, RabbitSource, RabbitSourceConfig, RabbitTransport};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
@@ -81,7 +82,7 @@ pub async fn wire(
     kind: BrokerKind,
     pool: &PgPool,
     schema: &SchemaName,
-    consumers: Vec<Consumer>,
+    consumers: Vec<PgConsumer>,
 ) -> anyhow::Result<Wired> {
     match kind {
         BrokerKind::Nats => {

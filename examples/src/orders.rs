@@ -2,7 +2,8 @@
 //! and emits its event in the same transaction.
 
 use anyhow::{Context, bail};
-use outbox_core::{EmitOptions, EmitOutcome, Outbox};
+use outbox_core::{EmitOptions, EmitOutcome};
+use outbox_postgres::Outbox;
 use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 

@@ -2,6 +2,8 @@
 //! and the order-status projection (a state machine that needs every
 //! version in sequence, so it uses strict ordering).
 
+use outbox_postgres::PgConsumerBuilder;
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use outbox_core::consumer::{ConsumerBuilder, HandlerError, Ordering, Received};
@@ -30,7 +32,7 @@ pub fn create_tables_sql(schema: &str) -> String {
 
 /// Billing: an invoice per `order.created`, with the idempotency key a
 /// payment provider would get.
-pub fn billing(schema: &str) -> ConsumerBuilder {
+pub fn billing(schema: &str) -> PgConsumerBuilder {
     let sql = format!(
         "INSERT INTO {schema}.invoices (order_id, amount_minor, currency, provider_key) VALUES ($1, $2, $3, $4)"
     );
@@ -53,7 +55,7 @@ pub fn billing(schema: &str) -> ConsumerBuilder {
 
 /// The order-status projection: created → shipped | cancelled, applied in
 /// version order per order.
-pub fn order_status(schema: &str) -> ConsumerBuilder {
+pub fn order_status(schema: &str) -> PgConsumerBuilder {
     let upsert = format!(
         "INSERT INTO {schema}.order_status (order_id, status, version, trace_id)
          VALUES ($1, $2, $3, $4)

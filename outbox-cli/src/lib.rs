@@ -58,8 +58,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use outbox_core::ops::{LetterKind, LetterStore, OperationsStore, Ops, Redaction, StatusOptions};
-use outbox_core::store::SchemaName;
+use outbox_core::ops::{LetterKind, LetterStore, OperationsStore, Redaction, StatusOptions};
+use outbox_postgres::Ops;
+use outbox_postgres::SchemaName;
 use sqlx::postgres::PgPoolOptions;
 
 use args::{AuditAction, BlockedAction, Cli, Command};
@@ -159,7 +160,7 @@ async fn execute(cli: Cli) -> Outcome {
         .await
         .map_err(|e| format!("cannot connect to the database: {e}"))?;
     if let Command::Migrate = cli.command {
-        outbox_core::store::migrate(&pool, &schema)
+        outbox_postgres::migrate(&pool, &schema)
             .await
             .map_err(|e| e.to_string())?;
         if out.json {

@@ -27,8 +27,8 @@
 //! ```no_run
 //! # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use outbox_console::{Console, Identify};
-//! use outbox_core::ops::Ops;
-//! use outbox_core::store::SchemaName;
+//! use outbox_postgres::Ops;
+//! use outbox_postgres::SchemaName;
 //!
 //! # #[derive(Clone)] struct User { login: String }
 //! let ops = Ops::new(pool, SchemaName::new("app")?);

@@ -8,8 +8,9 @@ use std::future::Future;
 
 use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{
-    LetterFilter, LetterKind, LetterRecord, OperationsStore, Ops, Page, RepairReport,
+    LetterFilter, LetterKind, LetterRecord, OperationsStore, Page, RepairReport,
 };
+use outbox_postgres::Ops;
 
 use crate::ConsoleError;
 

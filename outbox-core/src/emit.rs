@@ -118,6 +118,27 @@ pub struct EventDraft {
     pub(crate) traceparent: Option<String>,
 }
 
+/// An [`EventDraft`] taken apart ([`EventDraft::into_parts`]): the
+/// columns a store writes. Its `Debug` is not redacted: do not log it.
+pub struct EventDraftParts {
+    /// The event id.
+    pub id: Uuid,
+    /// The contract's event type.
+    pub event_type: &'static str,
+    /// The contract's schema version.
+    pub schema_version: u32,
+    /// The contract's aggregate type.
+    pub aggregate_type: &'static str,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// The version the event carries, or `None` for the store's counter.
+    pub aggregate_version: Option<i64>,
+    /// The payload JSON.
+    pub payload: Box<RawValue>,
+    /// The W3C trace context to record.
+    pub traceparent: Option<String>,
+}
+
 impl std::fmt::Debug for EventDraft {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventDraft")
@@ -205,6 +226,21 @@ impl EventDraft {
     pub fn with_traceparent(mut self, traceparent: TraceParent) -> EventDraft {
         self.traceparent = Some(traceparent.to_string());
         self
+    }
+
+    /// Takes the draft apart for a store that binds its columns by value
+    /// (a batch insert with one array per column).
+    pub fn into_parts(self) -> EventDraftParts {
+        EventDraftParts {
+            id: self.id,
+            event_type: self.event_type,
+            schema_version: self.schema_version,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            aggregate_version: self.aggregate_version,
+            payload: self.payload,
+            traceparent: self.traceparent,
+        }
     }
 
     /// The order in which a store writes `drafts` (indexes into it): as

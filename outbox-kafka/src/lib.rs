@@ -35,8 +35,9 @@
 //! ## The relay on Kafka
 //!
 //! ```no_run
+//! use outbox_postgres::prelude::*; // Relay::start_postgres
 //! use outbox_core::relay::{Relay, RelayConfig};
-//! use outbox_core::store::SchemaName;
+//! use outbox_postgres::SchemaName;
 //! use outbox_kafka::{KafkaConfig, KafkaTransport};
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {

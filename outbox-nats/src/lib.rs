@@ -28,9 +28,11 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use outbox_core::{Outbox, OutboxEvent};
+//! use outbox_core::OutboxEvent;
+//! use outbox_postgres::Outbox;
+//! use outbox_postgres::prelude::*; // Relay::start_postgres
 //! use outbox_core::relay::{Relay, RelayConfig, RelayStore};
-//! use outbox_core::store::{PgRelayStore, SchemaName};
+//! use outbox_postgres::{PgRelayStore, SchemaName};
 //! use outbox_nats::{NatsConfig, NatsTransport};
 //! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
 //! # #[outbox(event_type = "doc.order_shipped", aggregate = "doc_shipment", version = 1)]

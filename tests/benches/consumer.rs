@@ -18,11 +18,13 @@
 //! `cargo bench -p outbox-tests --bench consumer` (about 4 minutes); under
 //! `cargo test` one short round runs as a smoke test.
 
+use outbox_postgres::PgConsumer;
+use outbox_postgres::prelude::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
-use outbox_core::consumer::{Consumer, ConsumerBuilder, HandlerError, Incoming, Ordering, Outcome};
+use outbox_core::consumer::{ConsumerBuilder, HandlerError, Incoming, Ordering, Outcome};
 use outbox_core::{Envelope, OutboxEvent};
 use outbox_tests::TestDb;
 use outbox_tests::events::Ticked;
@@ -67,9 +69,9 @@ impl Variant {
 
 struct Bench {
     db: TestDb,
-    unordered: Consumer,
-    stale: Consumer,
-    batch: Consumer,
+    unordered: PgConsumer,
+    stale: PgConsumer,
+    batch: PgConsumer,
     inbox_sql: String,
     effect_sql: String,
 }
@@ -80,7 +82,7 @@ fn consumer(
     ordering: Ordering,
     batch_size: usize,
     table: &str,
-) -> Consumer {
+) -> PgConsumer {
     let effect_sql = format!("INSERT INTO {table} (event_id, counter, tick) VALUES ($1, $2, $3)");
     ConsumerBuilder::new(name)
         .ordering(ordering)

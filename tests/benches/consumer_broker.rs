@@ -33,6 +33,7 @@
 //! fifteen minutes); under `cargo test` one small round runs as a smoke
 //! test. `OUTBOX_BENCH_ROUNDS` sets the rounds (default 5).
 
+use outbox_postgres::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};

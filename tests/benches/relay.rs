@@ -22,16 +22,17 @@
 //! `cargo bench -p outbox-tests --bench relay` (about ten minutes); under
 //! `cargo test` it runs a small smoke version.
 
+use outbox_postgres::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
 use outbox_core::transport::Transport;
 use outbox_kafka::{KafkaConfig, KafkaTransport};
 use outbox_nats::{NatsConfig, NatsTransport};
+use outbox_postgres::PgRelayStore;
 use outbox_rabbitmq::{RabbitConfig, RabbitTransport};
 use outbox_tests::events::Ticked;
 use outbox_tests::statements;

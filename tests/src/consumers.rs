@@ -2,11 +2,13 @@
 //! (no unique key, so a double application shows as two rows), handlers
 //! that write to it, and envelopes built by hand.
 
+use outbox_postgres::PgConsumer;
+use outbox_postgres::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::consumer::{
-    Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Ordering, Received, RetryPolicy,
+    ConsumerBuilder, ConsumerConfig, HandlerError, Ordering, Received, RetryPolicy,
 };
 use outbox_core::relay::Backoff;
 use outbox_core::{Envelope, OutboxEvent};
@@ -240,7 +242,7 @@ pub fn tick_consumer(
     config: ConsumerConfig,
     hold: Duration,
     failing: &[&str],
-) -> Consumer {
+) -> PgConsumer {
     let failing = Arc::new(failing.iter().map(|s| s.to_string()).collect());
     ConsumerBuilder::new(name)
         .config(config)

@@ -1,7 +1,9 @@
 //! A small contract for tests that need many events, and helpers to emit
 //! them.
 
-use outbox_core::{EventDraft, Outbox, OutboxEvent};
+use outbox_core::{EventDraft, OutboxEvent};
+
+use outbox_postgres::Outbox;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;

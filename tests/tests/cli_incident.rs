@@ -8,6 +8,7 @@
 //! and change nothing; every repair left an audit row. Human tables are
 //! golden (insta), `--json` is checked field by field.
 
+use outbox_postgres::prelude::*;
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -17,9 +18,9 @@ use outbox_core::consumer::{
     ConsumerBuilder, ConsumerConfig, Ordering, Outcome, RetryPolicy, channel,
 };
 use outbox_core::relay::{Backoff, Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
 use outbox_core::{ContractRegistry, Envelope, OutboxEvent};
+use outbox_postgres::PgRelayStore;
 use outbox_tests::consumers::{create_effects, effect_handler, effects, tick, tick_consumer};
 use outbox_tests::events::{CardCharged, ParcelBooked, ParcelBookedV2};
 use outbox_tests::transports::RecordingTransport;

@@ -7,6 +7,7 @@
 //! docs/console.md, and checks the page source never holds the redacted
 //! card number and shows times in the browser's zone.
 
+use outbox_postgres::prelude::*;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -15,11 +16,12 @@ use std::time::Duration;
 use fantoccini::{Client, Locator};
 use outbox_console::{Console, Identify};
 use outbox_core::consumer::{ConsumerBuilder, ConsumerConfig, Ordering, Outcome, RetryPolicy};
-use outbox_core::ops::{LetterFilter, LetterKind, Ops};
+use outbox_core::ops::{LetterFilter, LetterKind};
 use outbox_core::relay::{Backoff, Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
 use outbox_core::{ContractRegistry, Envelope, OutboxEvent};
+use outbox_postgres::Ops;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::browser::{Browser, PAGE_TIMEOUT, VIEWER_ZONE};
 use outbox_tests::console::serve;
 use outbox_tests::consumers::{create_effects, effect_handler, tick, tick_consumer};

@@ -6,6 +6,7 @@
 //! operator's name; read-only consoles, cross-site posts and requests
 //! without an operator are refused; a SQLite outbox is served too.
 
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use axum::Router;
@@ -17,10 +18,11 @@ use outbox_core::OutboxEvent;
 use outbox_core::consumer::{
     ConsumerBuilder, ConsumerConfig, HandlerError, Ordering, Outcome, RetryPolicy,
 };
-use outbox_core::ops::{EventFilter, EventStatus, LetterFilter, LetterKind, Ops};
+use outbox_core::ops::{EventFilter, EventStatus, LetterFilter, LetterKind};
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
+use outbox_postgres::Ops;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::console::{get, post, post_with};
 use outbox_tests::consumers::{create_effects, effect_handler, tick, tick_consumer};
 use outbox_tests::events::{CardCharged, ParcelBooked, ParcelBookedV2};

@@ -6,12 +6,14 @@
 //! letters for a failing aggregate while others go on, batch mode, the
 //! build-time checks and the idempotency key.
 
+use outbox_postgres::prelude::*;
+use outbox_postgres::{PgConsumer, PgConsumerBuilder};
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::consumer::{
-    BuildError, Consumer, ConsumerBuilder, ConsumerConfig, Incoming, Ordering, Outcome,
-    RetryPolicy, channel, idempotency_key,
+    BuildError, ConsumerBuilder, ConsumerConfig, Incoming, Ordering, Outcome, RetryPolicy, channel,
+    idempotency_key,
 };
 use outbox_core::metrics as m;
 use outbox_core::relay::Backoff;
@@ -70,7 +72,7 @@ async fn article_4_the_same_event_at_two_instances_at_once_takes_effect_once() {
     );
     let event = tick("c1", 1);
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
-    let run = |consumer: Consumer, barrier: Arc<tokio::sync::Barrier>, event: Envelope| {
+    let run = |consumer: PgConsumer, barrier: Arc<tokio::sync::Barrier>, event: Envelope| {
         tokio::spawn(async move {
             barrier.wait().await;
             consumer
@@ -903,7 +905,7 @@ async fn overlapping_batches_on_two_instances_wait_for_each_other_instead_of_dea
         Incoming::from_envelope(&tick("x", 2), 1),
     ];
     let barrier = Arc::new(tokio::sync::Barrier::new(2));
-    let run = |consumer: Consumer, batch: Vec<Incoming>, barrier: Arc<tokio::sync::Barrier>| {
+    let run = |consumer: PgConsumer, batch: Vec<Incoming>, barrier: Arc<tokio::sync::Barrier>| {
         tokio::spawn(async move {
             barrier.wait().await;
             consumer.handle_batch(&batch).await
@@ -940,7 +942,7 @@ async fn builder_settings_compose_in_any_order() {
         sweep_interval: Duration::from_millis(250),
         ..ConsumerConfig::default()
     };
-    let build = |builder: ConsumerBuilder| {
+    let build = |builder: PgConsumerBuilder| {
         builder
             .on_fn::<Ticked, _>(|_, _| Box::pin(async { Ok(()) }))
             .build(db.pool.clone(), db.schema.clone())

@@ -1,11 +1,12 @@
 //! The consumer conformance suite (`outbox_tests::consumer_conformance`)
 //! on `PgConsumerStore`, a fresh schema per case.
 
+use outbox_postgres::prelude::*;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use outbox_core::consumer::{Consumer, ConsumerBuilder, ConsumerConfig};
-use outbox_core::store::PgConsumerStore;
+use outbox_postgres::PgConsumerStore;
 use outbox_tests::TestDb;
 use outbox_tests::consumer_conformance::{
     self, ConsumerUnderTest, LetterRow, ending_statement, poisoned,

@@ -6,6 +6,7 @@
 //! dead letter, and a batch instance beside a single-message instance.
 //! Real PostgreSQL; the in-memory source feeds the messages.
 
+use outbox_postgres::prelude::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};

@@ -6,6 +6,7 @@
 //! failing handler is redelivered by JetStream with a delayed NAK and ends
 //! in the dead letters.
 
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use async_nats::HeaderMap;

@@ -10,6 +10,8 @@
 //! success (`--wait` exits 1 and the letter stays open).
 //! Real PostgreSQL; messages are fed by hand or through the in-memory source.
 
+use outbox_postgres::PgConsumer;
+use outbox_postgres::prelude::*;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
@@ -17,8 +19,7 @@ use std::time::Duration;
 
 use outbox_core::audit::RepairRequest;
 use outbox_core::consumer::{
-    Consumer, ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Outcome, ReplayOutcome,
-    channel,
+    ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Outcome, ReplayOutcome, channel,
 };
 use outbox_core::{ContractRegistry, OutboxEvent};
 use outbox_tests::consumers::{
@@ -66,7 +67,7 @@ async fn open_letters(
 
 /// A parcel consumer that reads `parcel.booked` up to v2 (the binary
 /// deployed before producers moved to v3).
-fn parcel_consumer_before_the_upgrade(db: &TestDb, name: &str) -> Consumer {
+fn parcel_consumer_before_the_upgrade(db: &TestDb, name: &str) -> PgConsumer {
     ConsumerBuilder::new(name)
         .config(strict_config(PARK))
         .registry(ContractRegistry::from_contracts([ParcelBookedV2::contract()]).unwrap())
@@ -75,7 +76,7 @@ fn parcel_consumer_before_the_upgrade(db: &TestDb, name: &str) -> Consumer {
         .unwrap()
 }
 
-fn parcel_consumer_after_the_upgrade(db: &TestDb, name: &str) -> Consumer {
+fn parcel_consumer_after_the_upgrade(db: &TestDb, name: &str) -> PgConsumer {
     ConsumerBuilder::new(name)
         .config(strict_config(PARK))
         .on_fn::<ParcelBooked, _>(effect_handler(db.table("effects")))
@@ -225,7 +226,7 @@ impl HeldFirstStart {
         })
     }
 
-    fn consumer(self: &Arc<Self>, db: &TestDb, name: &str) -> Consumer {
+    fn consumer(self: &Arc<Self>, db: &TestDb, name: &str) -> PgConsumer {
         let hook = Arc::clone(self);
         let table = db.table("effects");
         ConsumerBuilder::new(name)

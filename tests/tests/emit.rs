@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::store::{ConfigError, SchemaName};
 use outbox_core::trace::{self, TraceParent};
 use outbox_core::{EmitError, EmitOptions, EmitOutcome, EventDraft, OutboxEvent};
 use outbox_examples::contracts::{Money, OrderCreated, OrderShipped, PaymentCaptured};
+use outbox_postgres::{ConfigError, SchemaName};
 use outbox_tests::TestDb;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -486,7 +486,7 @@ async fn migrations_run_twice_and_concurrently() {
         let pool = db.pool.clone();
         let schema = schema.clone();
         tasks.push(tokio::spawn(async move {
-            outbox_core::store::migrate(&pool, &schema).await
+            outbox_postgres::migrate(&pool, &schema).await
         }));
     }
     for task in tasks {
@@ -507,7 +507,7 @@ async fn migrations_run_twice_and_concurrently() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(applied, outbox_core::store::migrations().len() as i64);
+    assert_eq!(applied, outbox_postgres::migrations().len() as i64);
     sqlx::query(AssertSqlSafe(format!(
         "DROP SCHEMA {} CASCADE",
         schema.quoted()

@@ -7,6 +7,7 @@
 //! the aggregate's next version back until it is settled; with no
 //! subscriber the transport is down and nothing is claimed.
 
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use outbox_core::consumer::{ConsumerConfig, RetryPolicy};

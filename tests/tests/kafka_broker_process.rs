@@ -5,6 +5,7 @@
 //! is back. (The restarted broker is empty, so what it held before is gone
 //! with it: that is the broker's storage, not the relay's doing.)
 
+use outbox_postgres::prelude::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -3,6 +3,7 @@
 //! reader sees them; and the cluster's refusals (authorization, injected
 //! into librdkafka's mock cluster) reported per record as permanent.
 
+use outbox_postgres::prelude::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
 

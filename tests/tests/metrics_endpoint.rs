@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use outbox_core::consumer::{ConsumerConfig, RetryPolicy, channel};
 use outbox_core::relay::{Backoff, Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
 use outbox_examples::metrics_endpoint;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::consumers::{create_effects, tick, tick_consumer};
 use outbox_tests::events::Ticked;
 use outbox_tests::transports::RecordingTransport;

@@ -7,6 +7,7 @@
 //! the broker is down wait for it and then deliver everything in order.
 //! Real PostgreSQL, private nats-server processes.
 
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use async_nats::HeaderMap;

@@ -4,6 +4,7 @@
 //! replay that fails again, retention, paging, consumer figures, and the
 //! refusals that keep every repair named, reasoned and bounded.
 
+use outbox_postgres::prelude::*;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -13,12 +14,12 @@ use outbox_core::consumer::{
     ConsumerBuilder, ConsumerConfig, HandlerError, Outcome, ReplayOutcome, RetryPolicy, channel,
 };
 use outbox_core::ops::{
-    EventFilter, EventStatus, LetterFilter, LetterKind, MAX_REPAIR_IDS, Ops, OpsError,
-    StatusOptions,
+    EventFilter, EventStatus, LetterFilter, LetterKind, MAX_REPAIR_IDS, OpsError, StatusOptions,
 };
 use outbox_core::relay::{Backoff, Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
+use outbox_postgres::Ops;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::consumers::{create_effects, effects, tick, tick_consumer};
 use outbox_tests::events::{CardCharged, Ticked};
 use outbox_tests::transports::RecordingTransport;

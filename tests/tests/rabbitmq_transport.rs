@@ -8,6 +8,7 @@
 //! for good, the others of its batch are retryable, and the next batch
 //! goes out on a new channel.
 
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use futures_util::StreamExt;

@@ -5,6 +5,7 @@
 //! database, the outcome handed back, and everything logged through
 //! `tracing` on the way. The secret never appears.
 
+use outbox_postgres::prelude::*;
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 

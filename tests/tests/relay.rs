@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use outbox_core::Envelope;
-use outbox_core::relay::retention::{self, RetentionConfig};
+use outbox_core::relay::retention::RetentionConfig;
 use outbox_core::relay::{Backoff, FailedHeadPolicy, Relay, RelayConfig, RelayStore};
-use outbox_core::store::PgRelayStore;
 use outbox_core::transport::PublishFailure;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::events::{Ticked, emit_ticks};
 use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, wait};
@@ -389,7 +389,7 @@ async fn retention_deletes_old_published_rows_in_batches_and_nothing_else() {
         .await;
     let config = fast_config();
     let store = store(&db, &config);
-    let report = retention::run_once(
+    let report = outbox_postgres::retention::run_once(
         &store,
         &RetentionConfig {
             keep_published: Duration::from_secs(7 * 24 * 3600),

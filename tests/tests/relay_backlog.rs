@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::transports::DiscardTransport;
 use outbox_tests::{TestDb, wait};
 use serde_json::Value;

@@ -5,6 +5,7 @@
 //! `Nats-Msg-Id` JetStream drops the republished duplicates; without it the
 //! stream (and any consumer) sees every event twice.
 
+use outbox_postgres::prelude::*;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

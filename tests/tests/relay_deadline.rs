@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use outbox_core::metrics as m;
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::events::emit_ticks;
 use outbox_tests::proxy::TcpProxy;
 use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};

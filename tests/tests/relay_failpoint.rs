@@ -4,6 +4,7 @@
 //! JetStream drops the duplicates by `Nats-Msg-Id`. (Failpoints are global
 //! to the process: this file holds one test.)
 
+use outbox_postgres::prelude::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

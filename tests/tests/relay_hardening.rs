@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use outbox_core::relay::{
     Backoff, FailedHeadPolicy, OutboxStats, Relay, RelayConfig, RelayStore, StoreError,
 };
-use outbox_core::store::{ClaimVariant, PgRelayStore};
 use outbox_core::transport::PublishFailure;
 use outbox_core::{EmitError, Envelope, EventDraft, metrics as m};
+use outbox_postgres::{ClaimVariant, PgRelayStore};
 use outbox_tests::events::{PieceMoved, Ticked, emit_ticks};
 use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, metrics, wait};

@@ -7,6 +7,7 @@
 //! Each test runs its own nats-server (see `outbox_tests::NatsServer`) so it
 //! can stop and restart it without disturbing other tests.
 
+use outbox_postgres::prelude::*;
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -6,13 +6,14 @@
 //! while ownership moves. Real PostgreSQL; relays as OS processes
 //! (`fault-node relay-log`) where they are killed and stopped.
 
+use outbox_postgres::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_core::metrics as m;
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::events::{Ticked, emit_ticks};
 use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, metrics, wait};
@@ -131,7 +132,7 @@ async fn workers_divide_the_partitions_and_take_over_when_one_leaves() {
     assert!(metrics::counter(m::RELAY_REBALANCES, &[("schema", "scale-out-a")]) >= 1);
     // `outbox status` shows who owns what (as of each worker's last
     // rebalance: wait for the rows to catch up with the locks).
-    let ops = outbox_core::ops::Ops::new(db.pool.clone(), db.schema.clone());
+    let ops = outbox_postgres::Ops::new(db.pool.clone(), db.schema.clone());
     wait::until(
         "status lists three owners of 256 partitions",
         Duration::from_secs(10),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox_core::relay::failpoint::{self, AFTER_CLAIM, Action};
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::PgRelayStore;
+use outbox_postgres::PgRelayStore;
 use outbox_tests::events::emit_ticks;
 use outbox_tests::transports::{RecordingTransport, versions_by_aggregate};
 use outbox_tests::{TestDb, wait};

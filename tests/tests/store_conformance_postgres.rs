@@ -1,10 +1,11 @@
 //! The store conformance suite (`outbox_tests::store_conformance`) on
 //! PostgreSQL: a fresh schema per case.
 
-use outbox_core::ops::Ops;
 use outbox_core::relay::FailedHeadPolicy;
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
+use outbox_postgres::Ops;
+use outbox_postgres::prelude::*;
 use outbox_tests::TestDb;
 use outbox_tests::events::Ticked;
 use outbox_tests::store_conformance::{self, StoreUnderTest};

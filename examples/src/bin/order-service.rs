@@ -14,13 +14,15 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use outbox_core::store::{SchemaName, migrate};
+use outbox_core::Envelope;
 use outbox_core::trace::{self, TraceParent};
-use outbox_core::{Envelope, Outbox};
 use outbox_examples::brokers::{self, BrokerKind};
 use outbox_examples::contracts::{CancelReason, Money, OrderLine};
 use outbox_examples::orders::{OrderService, Placed};
 use outbox_examples::{metrics_endpoint, projections};
+use outbox_postgres::Outbox;
+use outbox_postgres::prelude::*;
+use outbox_postgres::{SchemaName, migrate};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
 

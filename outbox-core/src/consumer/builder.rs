@@ -10,13 +10,10 @@ use futures_util::future::BoxFuture;
 use super::config::{ConsumerConfig, validate_name};
 use super::handler::{Dispatch, FnHandler, Handler, HandlerError, Received, Typed};
 use super::store::ConsumerStore;
-use super::store::DefaultConnection;
 use super::{Consumer, Inner};
 use crate::contract::OutboxEvent;
 use crate::registry::{ContractRegistry, RegistryErrors};
 use crate::store::ConfigError;
-#[cfg(feature = "postgres")]
-use crate::store::{PgConsumerStore, SchemaName};
 
 /// One problem found while building a consumer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -112,18 +109,19 @@ impl fmt::Display for BuildErrors {
 
 impl std::error::Error for BuildErrors {}
 
-/// Collects handlers and settings; [`ConsumerBuilder::build`] checks them.
+/// Collects handlers and settings; [`ConsumerBuilder::build_on`] checks them.
 ///
-/// `C` is the connection type the handlers receive: `PgConnection` for a
-/// consumer on PostgreSQL ([`ConsumerBuilder::new`]); another store's
+/// `C` is the connection type the handlers receive, the store's: a
 /// consumer starts with [`ConsumerBuilder::for_connection`] and is built
-/// with [`ConsumerBuilder::build_on`].
+/// with [`ConsumerBuilder::build_on`] (on PostgreSQL,
+/// `outbox_postgres::prelude` adds `ConsumerBuilder::new(..)` and
+/// `.build(pool, schema)` for `ConsumerBuilder<PgConnection>`).
 ///
 /// Settings compose in any order: [`config`](Self::config) gives the whole
 /// set, and each single setter ([`ordering`](Self::ordering),
 /// [`retry`](Self::retry), [`batch_size`](Self::batch_size)) wins over the
 /// same field of it, whether it was called before or after.
-pub struct ConsumerBuilder<C = DefaultConnection> {
+pub struct ConsumerBuilder<C> {
     name: String,
     config: ConsumerConfig,
     overrides: Overrides,
@@ -170,21 +168,6 @@ impl<C> fmt::Debug for ConsumerBuilder<C> {
             )
             .field("ignored", &self.ignored)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl ConsumerBuilder {
-    /// A consumer called `name` on PostgreSQL: its inbox key, its
-    /// positions, its dead letters and its JetStream durable name.
-    pub fn new(name: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder::for_connection(name)
-    }
-
-    /// Checks everything and builds the consumer on `pool`, with its tables
-    /// in `schema` (migrated with [`crate::store::migrate`]).
-    pub fn build(self, pool: sqlx::PgPool, schema: SchemaName) -> Result<Consumer, BuildErrors> {
-        self.build_on(PgConsumerStore::new(pool, schema))
     }
 }
 

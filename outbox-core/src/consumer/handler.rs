@@ -174,9 +174,7 @@ impl fmt::Display for HandlerError {
 ///
 /// `C` is the connection type of the consumer's store: `PgConnection` (the
 /// default) on PostgreSQL.
-pub trait Handler<E: OutboxEvent, C: Send + 'static = super::store::DefaultConnection>:
-    Send + Sync + 'static
-{
+pub trait Handler<E: OutboxEvent, C: Send + 'static>: Send + Sync + 'static {
     /// Applies `event`.
     fn handle(
         &self,

@@ -12,6 +12,7 @@
 //! ```no_run
 //! # use outbox_core::consumer::{ConsumerBuilder, HandlerError, Received};
 //! # use outbox_core::OutboxEvent;
+//! use outbox_postgres::prelude::*; // on PostgreSQL: ConsumerBuilder::new, .build(pool, schema)
 //! # #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema, OutboxEvent)]
 //! # #[outbox(event_type = "order.created", aggregate = "order", version = 1)]
 //! # struct OrderCreated { #[outbox(aggregate_id)] order_id: String, total_cents: i64 }
@@ -63,16 +64,14 @@ pub use builder::{BuildError, BuildErrors, ConsumerBuilder};
 pub use config::{ConsumerConfig, Ordering, RetryPolicy, StrictStart};
 pub use handler::{EventMeta, Handler, HandlerError, Received, idempotency_key};
 pub use incoming::{Incoming, Outcome};
-#[cfg(feature = "postgres")]
-pub(crate) use process::SWALLOWED;
-pub use process::{ConsumerError, HANDLER_ENDED_TRANSACTION};
+pub use process::{ConsumerError, HANDLER_ENDED_TRANSACTION, SWALLOWED};
 pub use replay::{ReplayError, ReplayOutcome, ReplayReport};
 pub use runner::ConsumerTask;
 pub use source::{
     ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, ChannelStatsHandle, Delivery,
     MessageSource, SourceError, channel,
 };
-pub use store::{ConsumerStore, DefaultConnection, NoDefaultStore, StoreConnection};
+pub use store::{ConsumerStore, StoreConnection};
 pub use strict::SweepReport;
 
 pub use config::validate_name as validate_consumer_name;
@@ -84,20 +83,8 @@ use handler::Dispatch;
 /// Run it with [`Consumer::spawn`] on a [`MessageSource`], or feed it
 /// messages yourself with [`Consumer::handle`] / [`Consumer::handle_batch`].
 ///
-/// `S` is the store it keeps its inbox, positions and letters in: the
-/// PostgreSQL store unless built with [`ConsumerBuilder::build_on`].
-#[cfg(feature = "postgres")]
-pub struct Consumer<S: ConsumerStore = crate::store::PgConsumerStore> {
-    inner: Arc<Inner<S>>,
-}
-
-/// A built consumer. Cheap to clone; every clone shares the handlers.
-/// Run it with [`Consumer::spawn`] on a [`MessageSource`], or feed it
-/// messages yourself with [`Consumer::handle`] / [`Consumer::handle_batch`].
-///
 /// `S` is the store it keeps its inbox, positions and letters in (built
 /// with [`ConsumerBuilder::build_on`]).
-#[cfg(not(feature = "postgres"))]
 pub struct Consumer<S: ConsumerStore> {
     inner: Arc<Inner<S>>,
 }

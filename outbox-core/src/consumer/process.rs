@@ -41,15 +41,16 @@ pub struct ConsumerError {
     pub source: sqlx::Error,
 }
 
-/// The error of a handler that returned `Ok` after a statement of its
-/// transaction failed.
 /// Why a handler's `Ok` is not taken when it ended the consumer's
 /// transaction itself: the stores'
 /// [`ConsumerStore::transaction_intact`](super::ConsumerStore::transaction_intact)
 /// finds the savepoint the consumer took when it began gone.
 pub const HANDLER_ENDED_TRANSACTION: &str = "the handler returned Ok, but it ended the consumer's transaction itself (ROLLBACK or COMMIT on the connection it was given); the inbox row and the position did not commit with its effects, so the message is retried";
 
-pub(crate) const SWALLOWED: &str = "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back";
+/// The error of a handler that returned `Ok` after a statement of its
+/// transaction failed (stores that can tell, such as PostgreSQL with its
+/// aborted-transaction state, report it with this text).
+pub const SWALLOWED: &str = "the handler returned Ok, but a statement in its transaction failed (an error was swallowed); rolled back";
 
 /// A message read and matched with its handler, or why it cannot be.
 pub(super) enum Prepared<'a, C> {

@@ -154,7 +154,7 @@ impl<S: ConsumerStore> Consumer<S> {
     /// records the request and every outcome in the audit table.
     ///
     /// ```no_run
-    /// # async fn example(consumer: outbox_core::consumer::Consumer) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn example(consumer: outbox_postgres::PgConsumer) -> Result<(), Box<dyn std::error::Error>> {
     /// use outbox_core::audit::RepairRequest;
     /// let request = RepairRequest::new("ada", "billing upgraded to read order.created v3")?;
     /// let report = consumer.replay(&[41, 42], &request).await?;

@@ -183,24 +183,6 @@ pub fn parked_letter_parts(envelope_json: &str) -> (serde_json::Value, Vec<u8>, 
     (serde_json::Value::Object(headers), payload, Some(envelope))
 }
 
-/// The connection type handlers receive when a consumer's type parameter
-/// is left out: `PgConnection` with the PostgreSQL store (feature
-/// `postgres`), else [`NoDefaultStore`].
-#[cfg(feature = "postgres")]
-pub type DefaultConnection = sqlx::PgConnection;
-/// The connection type handlers receive when a consumer's type parameter
-/// is left out: `PgConnection` with the PostgreSQL store (feature
-/// `postgres`), else [`NoDefaultStore`].
-#[cfg(not(feature = "postgres"))]
-pub type DefaultConnection = NoDefaultStore;
-
-/// Stands in for a default store where none is compiled in (core without
-/// the `postgres` feature): it has no values, so nothing is built with it.
-/// A consumer on SQLite or MySQL names its store's connection type
-/// ([`ConsumerBuilder::for_connection`](super::ConsumerBuilder::for_connection)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoDefaultStore {}
-
 /// The store a consumer keeps its inbox, positions, parked messages,
 /// letters, replay requests and counts in.
 ///

@@ -1,6 +1,6 @@
 //! The operations seam: what an operator reads and repairs of the relay's
 //! side of an outbox (backlog, events, blocked aggregates, audit, the
-//! relay's repairs and retention), whatever store keeps it. [`Ops`](super::Ops) is the
+//! relay's repairs and retention), whatever store keeps it. `outbox_postgres::Ops` is the
 //! PostgreSQL store's; `outbox_sqlite::SqliteOps` is SQLite's. The `outbox`
 //! CLI drives its relay commands through this trait only, so a store that
 //! implements it gets `status`, `failed`, `events`, `blocked`, `audit` and
@@ -8,7 +8,7 @@
 //!
 //! The consumer's side (letters, positions, replay requests, passing a
 //! version) is [`LetterStore`], implemented by the stores that keep
-//! consumer tables ([`Ops`](super::Ops) and `outbox_sqlite::SqliteOps`); the CLI's
+//! consumer tables (`outbox_postgres::Ops` and `outbox_sqlite::SqliteOps`); the CLI's
 //! `quarantine`, `dead-letters` and `positions` commands are written
 //! against it.
 //!
@@ -30,7 +30,7 @@ use crate::audit::RepairRequest;
 pub type CleanupProgress<'a> = &'a mut (dyn FnMut(u64, i64) + Send);
 
 /// An outbox store's operations over the relay's side. Each method means
-/// what the method of the same name on [`Ops`](super::Ops) documents; stores differ
+/// what the method of the same name on `outbox_postgres::Ops` documents; stores differ
 /// only in figures that exist on one of them (see [`Status`]).
 pub trait OperationsStore: Send + Sync {
     /// The outbox at a glance, with the problems a check should flag.
@@ -101,7 +101,7 @@ pub trait OperationsStore: Send + Sync {
 }
 
 /// The consumer's side of the operations API, for stores that keep consumer
-/// tables. Each method means what the method of the same name on [`Ops`](super::Ops)
+/// tables. Each method means what the method of the same name on `outbox_postgres::Ops`
 /// documents: the same filters, pages (payloads redacted), outcomes and
 /// audit rows.
 pub trait LetterStore: Send + Sync {
@@ -266,9 +266,6 @@ macro_rules! operations_store_by_inherent_methods {
     };
 }
 
-#[cfg(feature = "postgres")]
-crate::operations_store_by_inherent_methods!(super::Ops);
-
 /// Implements [`LetterStore`] for a store's operations type by calling its
 /// inherent methods of the same names and signatures, as
 /// [`operations_store_by_inherent_methods!`] does for [`OperationsStore`].
@@ -360,6 +357,3 @@ macro_rules! letter_store_by_inherent_methods {
         }
     };
 }
-
-#[cfg(feature = "postgres")]
-crate::letter_store_by_inherent_methods!(super::Ops);

@@ -111,7 +111,7 @@ pub struct RelayConfig {
     /// this after it sent the claim (another worker may own the events by
     /// then); with [`Relay::start`](crate::relay::Relay::start) over a
     /// `PgRelayStore`, give the store the same value
-    /// ([`Relay::start_postgres`](crate::relay::Relay::start_postgres) does).
+    /// (`outbox_postgres`'s `Relay::start_postgres` does).
     pub claim_timeout: Duration,
     /// Upper bound for each statement of a claim transaction (default
     /// 30 s): a claim that waits on a lock longer (a migration holding the

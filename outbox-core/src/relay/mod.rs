@@ -4,7 +4,7 @@
 //! shows the backlog.
 //!
 //! The loop knows two seams only: a [`RelayStore`] (PostgreSQL:
-//! [`crate::store::PgRelayStore`]) and a [`Transport`]. Workers are owned
+//! `outbox_postgres::PgRelayStore`) and a [`Transport`]. Workers are owned
 //! tasks: [`Relay::stop`] asks them to finish their batch, [`Relay::drain`]
 //! waits for them with a deadline; dropping the handle aborts them.
 
@@ -36,8 +36,6 @@ pub use store::{
 };
 
 use crate::store::ConfigError;
-#[cfg(feature = "postgres")]
-use crate::store::{PgRelayStore, SchemaName};
 use crate::transport::Transport;
 use worker::Shared;
 
@@ -56,25 +54,6 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Starts a relay over the PostgreSQL outbox of `schema`.
-    #[cfg(feature = "postgres")]
-    pub async fn start_postgres<T: Transport>(
-        pool: sqlx::PgPool,
-        schema: SchemaName,
-        transport: T,
-        config: RelayConfig,
-    ) -> Result<Relay, ConfigError> {
-        let store = PgRelayStore::new(
-            pool,
-            schema.clone(),
-            config.failed_head_policy,
-            config.claim_timeout,
-        )
-        .with_statement_timeout(config.statement_timeout)
-        .with_partitioning(config.lease, config.rebalance_interval);
-        Relay::start(store, transport, config, schema.as_str()).await
-    }
-
     /// Starts a relay over any store. Validates `config` first: a bad
     /// setting is an error here, not a misbehaving loop later.
     pub async fn start<S: RelayStore, T: Transport>(

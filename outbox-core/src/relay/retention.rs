@@ -6,17 +6,7 @@
 
 use std::time::Duration;
 
-#[cfg(feature = "postgres")]
-use tokio::sync::watch;
-#[cfg(feature = "postgres")]
-use tokio::task::JoinHandle;
-
-#[cfg(feature = "postgres")]
-use super::store::StoreError;
-#[cfg(feature = "postgres")]
-use crate::metrics as m;
-#[cfg(feature = "postgres")]
-use crate::store::{ConfigError, PgRelayStore};
+use crate::store::ConfigError;
 
 /// Retention settings.
 #[derive(Debug, Clone)]
@@ -49,8 +39,9 @@ impl Default for RetentionConfig {
 }
 
 impl RetentionConfig {
-    #[cfg(feature = "postgres")]
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks the settings: a batch size within 1..=100000 and an interval
+    /// above zero.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=100_000).contains(&self.batch_size) {
             return Err(ConfigError::InvalidValue {
                 what: "retention batch_size",
@@ -76,107 +67,4 @@ pub struct RetentionReport {
     pub keys: u64,
     /// Delete statements issued.
     pub batches: u32,
-}
-
-/// Deletes everything due, batch by batch, until a batch comes back short.
-#[cfg(feature = "postgres")]
-pub async fn run_once(
-    store: &PgRelayStore,
-    config: &RetentionConfig,
-    label: &str,
-) -> Result<RetentionReport, StoreError> {
-    let mut report = RetentionReport::default();
-    loop {
-        let deleted = store
-            .purge_published(config.keep_published, config.batch_size)
-            .await?;
-        report.events += deleted;
-        report.batches += 1;
-        metrics::counter!(m::RETENTION_DELETED, "schema" => label.to_owned()).increment(deleted);
-        if (deleted as i64) < config.batch_size {
-            break;
-        }
-        tracing::debug!(deleted = report.events, "retention progress");
-        tokio::time::sleep(config.pause).await;
-    }
-    loop {
-        let deleted = store
-            .purge_idempotency_keys(config.keep_idempotency_keys, config.batch_size)
-            .await?;
-        report.keys += deleted;
-        report.batches += 1;
-        metrics::counter!(m::RETENTION_KEYS_DELETED, "schema" => label.to_owned())
-            .increment(deleted);
-        if (deleted as i64) < config.batch_size {
-            break;
-        }
-        tokio::time::sleep(config.pause).await;
-    }
-    Ok(report)
-}
-
-/// Retention as an owned background task.
-#[cfg(feature = "postgres")]
-pub struct Retention {
-    shutdown: watch::Sender<bool>,
-    task: Option<JoinHandle<()>>,
-}
-
-#[cfg(feature = "postgres")]
-impl Retention {
-    /// Starts the periodic task.
-    pub fn start(
-        store: PgRelayStore,
-        config: RetentionConfig,
-        label: &str,
-    ) -> Result<Retention, ConfigError> {
-        config.validate()?;
-        let (shutdown, mut receiver) = watch::channel(false);
-        let label = label.to_owned();
-        let task = tokio::spawn(async move {
-            while !*receiver.borrow() {
-                match run_once(&store, &config, &label).await {
-                    Ok(report) if report.events + report.keys > 0 => {
-                        tracing::info!(
-                            events = report.events,
-                            keys = report.keys,
-                            "retention deleted old rows"
-                        )
-                    }
-                    Ok(_) => {}
-                    Err(error) => tracing::warn!(%error, "retention run failed"),
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(config.interval) => {}
-                    _ = receiver.changed() => {}
-                }
-            }
-        });
-        Ok(Retention {
-            shutdown,
-            task: Some(task),
-        })
-    }
-
-    /// Stops after the current batch and waits up to `timeout`.
-    pub async fn drain(mut self, timeout: Duration) -> Result<(), super::DrainTimeout> {
-        let _ = self.shutdown.send(true);
-        if let Some(task) = self.task.take() {
-            let abort = task.abort_handle();
-            if tokio::time::timeout(timeout, task).await.is_err() {
-                abort.abort();
-                return Err(super::DrainTimeout(timeout));
-            }
-        }
-        Ok(())
-    }
-}
-
-#[cfg(feature = "postgres")]
-impl Drop for Retention {
-    fn drop(&mut self) {
-        if let Some(task) = &self.task {
-            task.abort();
-        }
-    }
 }

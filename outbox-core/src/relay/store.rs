@@ -22,20 +22,6 @@ pub struct StoreError {
     pub source: sqlx::Error,
 }
 
-impl StoreError {
-    #[cfg(feature = "postgres")]
-    pub(crate) fn new(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-        move |source| StoreError { operation, source }
-    }
-
-    /// Whether PostgreSQL cancelled the statement (SQLSTATE 57014: its
-    /// statement timeout, or a cancel request).
-    #[cfg(feature = "postgres")]
-    pub fn is_statement_timeout(&self) -> bool {
-        crate::store::has_sqlstate(&self.source, "57014")
-    }
-}
-
 /// One claimed event with its delivery history.
 #[derive(Debug, Clone)]
 pub struct ClaimedEvent {

@@ -23,10 +23,11 @@
 //! good.
 //!
 //! ```no_run
-//! # async fn example(pool: sqlx::PgPool, consumer: outbox_core::consumer::Consumer) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn example(pool: sqlx::PgPool, consumer: outbox_postgres::PgConsumer) -> Result<(), Box<dyn std::error::Error>> {
 //! use outbox_core::relay::{Relay, RelayConfig};
-//! use outbox_core::store::SchemaName;
 //! use outbox_core::transport::InProcessBus;
+//! use outbox_postgres::SchemaName;
+//! use outbox_postgres::prelude::*; // Relay::start_postgres
 //!
 //! let bus = InProcessBus::new();
 //! let task = consumer.spawn(bus.subscribe("billing"));

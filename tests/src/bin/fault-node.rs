@@ -19,17 +19,20 @@
 //! (strict; default 600 s) and `OUTBOX_CHAOS` (`<seed>:<duplicates per
 //! mille>:<shuffle 0|1>`: a [`ChaosSource`] around the broker's source).
 
+use outbox_postgres::PgConsumer;
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use outbox_core::consumer::{
-    Consumer, ConsumerBuilder, ConsumerConfig, ConsumerTask, MessageSource, Ordering, RetryPolicy,
+    ConsumerBuilder, ConsumerConfig, ConsumerTask, MessageSource, Ordering, RetryPolicy,
 };
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::SchemaName;
 use outbox_core::transport::Transport;
-use outbox_core::{EmitError, EmitOptions, EmitOutcome, EventDraft, Outbox};
+use outbox_core::{EmitError, EmitOptions, EmitOutcome, EventDraft};
 use outbox_kafka::{KafkaConfig, KafkaSource, KafkaSourceConfig, KafkaTransport};
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
+use outbox_postgres::Outbox;
+use outbox_postgres::SchemaName;
 use outbox_rabbitmq::{RabbitConfig, RabbitSource, RabbitSourceConfig, RabbitTransport};
 use outbox_tests::chaos::{Chaos, ChaosSource};
 use outbox_tests::consumers::tick_handler;
@@ -253,7 +256,7 @@ async fn consumer(name: &str, ordering: &str, batch_size: usize) {
 /// Runs `consumer` on `source`, inside a [`ChaosSource`] when
 /// `OUTBOX_CHAOS` asks for one (each process its own choices, from the
 /// suite's seed).
-fn spawn_with_chaos<S: MessageSource>(consumer: &Consumer, source: S) -> ConsumerTask {
+fn spawn_with_chaos<S: MessageSource>(consumer: &PgConsumer, source: S) -> ConsumerTask {
     match Chaos::from_env() {
         Some(chaos) => consumer.spawn(ChaosSource::new(
             source,

@@ -4,11 +4,12 @@
 //! `OUTBOX_NATS_URL`, `OUTBOX_MESSAGE_ID` (`off` to send no Nats-Msg-Id),
 //! `OUTBOX_FAILPOINTS` (e.g. `relay::after_publish=hang`).
 
+use outbox_postgres::prelude::*;
 use std::time::Duration;
 
 use outbox_core::relay::{Relay, RelayConfig};
-use outbox_core::store::SchemaName;
 use outbox_nats::{NatsConfig, NatsTransport};
+use outbox_postgres::SchemaName;
 use sqlx::postgres::PgPoolOptions;
 
 #[tokio::main]

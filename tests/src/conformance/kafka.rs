@@ -7,9 +7,9 @@
 //! and up in place), authorization (it has no ACLs; the classification of
 //! those errors is tested by injecting the error codes).
 
+use outbox_postgres::PgConsumer;
 use std::time::Duration;
 
-use outbox_core::consumer::Consumer;
 use outbox_kafka::{KafkaConfig, KafkaSource, KafkaSourceConfig, KafkaTransport};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
@@ -68,7 +68,7 @@ impl Broker for KafkaBroker {
             .expect("Kafka transport")
     }
 
-    async fn source(&self, consumer: &Consumer) -> KafkaSource {
+    async fn source(&self, consumer: &PgConsumer) -> KafkaSource {
         let mut config =
             KafkaSourceConfig::for_consumer(consumer, self.config()).expect("source config");
         // A dropped instance's partitions move to the next one quickly.

@@ -13,14 +13,14 @@
 //! the broker refuses for good fails alone while its aggregate waits and
 //! other aggregates continue.
 
+use outbox_postgres::PgConsumer;
+use outbox_postgres::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_core::consumer::{
-    Consumer, ConsumerConfig, Delivery, Incoming, MessageSource, SourceError,
-};
+use outbox_core::consumer::{ConsumerConfig, Delivery, Incoming, MessageSource, SourceError};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
 use outbox_core::{Envelope, EventDraft};
@@ -69,7 +69,7 @@ pub trait Broker {
     /// published afterwards reach it), and whose unacknowledged messages
     /// come back to the next source of the same consumer once it is
     /// dropped (within a few seconds).
-    async fn source(&self, consumer: &Consumer) -> Self::Source;
+    async fn source(&self, consumer: &PgConsumer) -> Self::Source;
     /// Takes the broker down for the transport and the sources.
     async fn stop(&mut self);
     /// Brings it back.

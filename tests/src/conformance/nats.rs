@@ -1,9 +1,9 @@
 //! NATS JetStream in the conformance suite: a private nats-server (default
 //! `max_payload` 1 MiB), stopped and restarted with its store kept.
 
+use outbox_postgres::PgConsumer;
 use std::time::Duration;
 
-use outbox_core::consumer::Consumer;
 use outbox_nats::{JetStreamSource, JetStreamSourceConfig, NatsConfig, NatsTransport};
 
 use super::Broker;
@@ -46,7 +46,7 @@ impl Broker for NatsBroker {
             .expect("NATS transport")
     }
 
-    async fn source(&self, consumer: &Consumer) -> JetStreamSource {
+    async fn source(&self, consumer: &PgConsumer) -> JetStreamSource {
         // The stream must exist before a durable consumer can be made.
         drop(self.transport().await);
         let config = JetStreamSourceConfig {

@@ -7,7 +7,7 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
-use outbox_core::consumer::Consumer;
+use outbox_postgres::PgConsumer;
 use outbox_rabbitmq::{RabbitConfig, RabbitSource, RabbitSourceConfig, RabbitTransport};
 
 use super::{Broker, unique_name};
@@ -138,7 +138,7 @@ impl Broker for RabbitBroker {
         transport
     }
 
-    async fn source(&self, consumer: &Consumer) -> RabbitSource {
+    async fn source(&self, consumer: &PgConsumer) -> RabbitSource {
         let config =
             RabbitSourceConfig::for_consumer(consumer, self.config()).expect("source config");
         self.queues.lock().unwrap().push(config.queue.clone());

@@ -38,7 +38,7 @@ impl Sampler {
     /// Starts sampling `schema`'s outbox; `clock` gives the rig's seconds.
     pub fn start(
         pool: PgPool,
-        schema: &outbox_core::store::SchemaName,
+        schema: &outbox_postgres::SchemaName,
         clock: impl Fn() -> f64 + Send + 'static,
     ) -> Sampler {
         let sql = format!(
@@ -166,7 +166,7 @@ pub fn recoveries(faults: &[FaultRecord], samples: &[Sample], threshold: f64) ->
 /// of the rig's second zero.
 pub async fn per_second(
     pool: &PgPool,
-    schema: &outbox_core::store::SchemaName,
+    schema: &outbox_postgres::SchemaName,
     start: DateTime<Utc>,
     consumers: &[&str],
 ) -> Result<PerSecond, sqlx::Error> {
@@ -213,7 +213,7 @@ pub async fn per_second(
 /// End-to-end latency of `consumer`'s effects.
 pub async fn latency(
     pool: &PgPool,
-    schema: &outbox_core::store::SchemaName,
+    schema: &outbox_postgres::SchemaName,
     consumer: &str,
 ) -> Result<Latency, sqlx::Error> {
     let s = schema.quoted();

@@ -27,15 +27,15 @@ use sqlx::postgres::PgListener;
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use super::SchemaName;
-use super::session::{SessionSettings, WorkerSession, within};
-use super::sql::RelaySql;
-use crate::envelope::Envelope;
-use crate::relay::config::FailedHeadPolicy;
-use crate::relay::store::{
+use crate::session::{SessionSettings, WorkerSession, within};
+use crate::sql::RelaySql;
+use outbox_core::Envelope;
+use outbox_core::relay::FailedHeadPolicy;
+use outbox_core::relay::{
     BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, OutboxStats,
     RelayStore, StoreError, WakeupListener,
 };
+use outbox_core::store::SchemaName;
 
 /// The relay store on PostgreSQL.
 #[derive(Debug, Clone)]
@@ -94,10 +94,10 @@ impl PgRelayStore {
                 ),
                 lease: DEFAULT_LEASE,
                 rebalance_interval: DEFAULT_REBALANCE_INTERVAL,
-                namespace: lock_namespace(&schema) ^ super::sql::OWNERSHIP_SALT,
+                namespace: lock_namespace(&schema) ^ crate::sql::OWNERSHIP_SALT,
                 label: schema.as_str().to_owned(),
                 claim_timeout,
-                deadline: DEFAULT_STATEMENT_TIMEOUT + super::session::DEADLINE_MARGIN,
+                deadline: DEFAULT_STATEMENT_TIMEOUT + crate::session::DEADLINE_MARGIN,
             },
             sessions: Default::default(),
             partitions: Default::default(),
@@ -118,12 +118,12 @@ impl PgRelayStore {
         self.statement_timeout = timeout;
         self.session_settings.setup =
             SessionSettings::setup_sql(self.claim_timeout, timeout, self.session_settings.lease);
-        self.session_settings.deadline = timeout + super::session::DEADLINE_MARGIN;
+        self.session_settings.deadline = timeout + crate::session::DEADLINE_MARGIN;
         self
     }
 
     /// Sets how the relay's workers divide the partitions (see
-    /// [`RelayConfig::lease`](crate::relay::RelayConfig::lease)): a member
+    /// [`RelayConfig::lease`](outbox_core::relay::RelayConfig::lease)): a member
     /// whose heartbeat is older than `lease`, or whose claiming session
     /// was idle between claims for that long, is gone; each worker looks
     /// at the membership every `rebalance_interval`. Defaults: 10 s, 1 s.
@@ -182,7 +182,7 @@ impl PgRelayStore {
                 let count: i32 = sqlx::query_scalar(AssertSqlSafe(self.sql.partitions.as_str()))
                     .fetch_one(&self.pool)
                     .await
-                    .map_err(StoreError::new("read the partition count"))?;
+                    .map_err(crate::store_error("read the partition count"))?;
                 Ok(count.clamp(1, i16::MAX as i32) as i16)
             })
             .await
@@ -245,7 +245,7 @@ impl PgRelayStore {
                     // than a claim of this worker (an operator's statement,
                     // a hand-held lock): the steady claim does not pass
                     // over it, this batch takes the checked claim instead.
-                    Err(error) if super::has_sqlstate(&error.source, LOCK_NOT_AVAILABLE) => {
+                    Err(error) if crate::has_sqlstate(&error.source, LOCK_NOT_AVAILABLE) => {
                         tracing::debug!(%worker_id, "a row of the worker's partitions is locked elsewhere; checked claim");
                         within(
                             deadline,
@@ -310,7 +310,7 @@ impl PgRelayStore {
             .bind(self.skip_failed_heads)
             .fetch_all(&self.pool)
             .await
-            .map_err(StoreError::new("list blocked aggregates"))?;
+            .map_err(crate::store_error("list blocked aggregates"))?;
         rows.iter()
             .map(|row| {
                 Ok(BlockedAggregate {
@@ -323,7 +323,7 @@ impl PgRelayStore {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(StoreError::new("list blocked aggregates"))
+            .map_err(crate::store_error("list blocked aggregates"))
     }
 
     /// Runs a claim under `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`, in a
@@ -339,7 +339,7 @@ impl PgRelayStore {
     /// horizon show up here first).
     ///
     /// ```no_run
-    /// # async fn example(store: outbox_core::store::PgRelayStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn example(store: outbox_postgres::PgRelayStore) -> Result<(), Box<dyn std::error::Error>> {
     /// let explained = store.explain_claim(500).await?;
     /// println!("{} claim, {:.2} ms", explained.variant, explained.execution_ms().unwrap_or(0.0));
     /// # Ok(()) }
@@ -348,7 +348,7 @@ impl PgRelayStore {
         let live: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.live_workers.as_str()))
             .fetch_one(&self.pool)
             .await
-            .map_err(StoreError::new("count live relay workers"))?;
+            .map_err(crate::store_error("count live relay workers"))?;
         let (variant, claim) = if live >= 2 {
             (ClaimVariant::Shared, &self.sql.explain_shared)
         } else {
@@ -358,7 +358,7 @@ impl PgRelayStore {
             .pool
             .begin_with(AssertSqlSafe(self.begin_claim.clone()))
             .await
-            .map_err(StoreError::new("begin explain"))?;
+            .map_err(crate::store_error("begin explain"))?;
         let sql = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}");
         let query = sqlx::query_scalar(AssertSqlSafe(sql));
         let query = match variant {
@@ -370,11 +370,11 @@ impl PgRelayStore {
             .bind(self.skip_failed_heads)
             .fetch_one(&mut *transaction)
             .await
-            .map_err(StoreError::new("explain claim"))?;
+            .map_err(crate::store_error("explain claim"))?;
         transaction
             .rollback()
             .await
-            .map_err(StoreError::new("end explain"))?;
+            .map_err(crate::store_error("end explain"))?;
         Ok(ClaimPlan {
             variant,
             sql: claim.clone(),
@@ -391,7 +391,7 @@ impl PgRelayStore {
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())
-            .map_err(StoreError::new("purge published events"))
+            .map_err(crate::store_error("purge published events"))
     }
 
     /// Deletes one batch of idempotency keys older than `age`.
@@ -406,7 +406,7 @@ impl PgRelayStore {
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())
-            .map_err(StoreError::new("purge idempotency keys"))
+            .map_err(crate::store_error("purge idempotency keys"))
     }
 }
 
@@ -627,7 +627,7 @@ impl ClaimedBatch for PgClaim {
                     query
                         .execute(&mut **transaction)
                         .await
-                        .map_err(StoreError::new("record batch outcome"))?;
+                        .map_err(crate::store_error("record batch outcome"))?;
                 }
                 ClaimTx::Session { conn, session } => {
                     let recorded = within(
@@ -689,7 +689,7 @@ impl ClaimTx {
                 } else {
                     transaction.commit().await
                 };
-                ended.map_err(StoreError::new(end.operation()))
+                ended.map_err(crate::store_error(end.operation()))
             }
             ClaimTx::Session {
                 mut conn,
@@ -734,7 +734,7 @@ impl WakeupListener for PgWakeups {
             .recv()
             .await
             .map(|_| ())
-            .map_err(StoreError::new("receive notification"))
+            .map_err(crate::store_error("receive notification"))
     }
 }
 
@@ -745,7 +745,7 @@ impl RelayStore for PgRelayStore {
     /// SQLSTATE 57014: the claim's `statement_timeout` (or a cancel
     /// request) cut it off.
     fn is_statement_timeout(&self, error: &StoreError) -> bool {
-        error.is_statement_timeout()
+        crate::is_statement_timeout(error)
     }
 
     async fn claim(&self, limit: usize) -> Result<PgClaim, StoreError> {
@@ -753,14 +753,14 @@ impl RelayStore for PgRelayStore {
             .pool
             .begin_with(AssertSqlSafe(self.begin_claim.clone()))
             .await
-            .map_err(StoreError::new("begin claim"))?;
+            .map_err(crate::store_error("begin claim"))?;
         let rows = sqlx::query(AssertSqlSafe(self.claim_sql()))
             .bind(self.lock_namespace)
             .bind(limit as i64)
             .bind(self.skip_failed_heads)
             .fetch_all(&mut *transaction)
             .await
-            .map_err(StoreError::new("claim"))?;
+            .map_err(crate::store_error("claim"))?;
         let events = decode_sorted(&rows)?;
         Ok(PgClaim {
             tx: ClaimTx::Pooled(transaction),
@@ -820,17 +820,17 @@ impl RelayStore for PgRelayStore {
             .execute(&self.pool)
             .await
             .map(|_| ())
-            .map_err(StoreError::new("deregister relay"))
+            .map_err(crate::store_error("deregister relay"))
     }
 
     async fn listener(&self) -> Result<PgWakeups, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool)
             .await
-            .map_err(StoreError::new("connect listener"))?;
+            .map_err(crate::store_error("connect listener"))?;
         listener
             .listen(&self.channel)
             .await
-            .map_err(StoreError::new("listen"))?;
+            .map_err(crate::store_error("listen"))?;
         Ok(PgWakeups { listener })
     }
 
@@ -841,7 +841,7 @@ impl RelayStore for PgRelayStore {
             .bind(self.skip_failed_heads)
             .fetch_one(&self.pool)
             .await
-            .map_err(StoreError::new("read backlog figures"))?;
+            .map_err(crate::store_error("read backlog figures"))?;
         let read = || -> Result<OutboxStats, sqlx::Error> {
             let by_type: String = row.try_get("event_types")?;
             let event_types: Vec<EventTypeStats> =
@@ -856,7 +856,7 @@ impl RelayStore for PgRelayStore {
                 event_types,
             })
         };
-        read().map_err(StoreError::new("decode backlog figures"))
+        read().map_err(crate::store_error("decode backlog figures"))
     }
 }
 
@@ -867,7 +867,7 @@ fn decode_sorted(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<ClaimedEvent>, St
         .iter()
         .map(decode_claimed)
         .collect::<Result<Vec<_>, sqlx::Error>>()
-        .map_err(StoreError::new("decode claimed event"))?;
+        .map_err(crate::store_error("decode claimed event"))?;
     events.sort_unstable_by(|a, b| {
         let (a, b) = (&a.envelope, &b.envelope);
         (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(

@@ -3,7 +3,7 @@
 //! filters are optional parameters (`$n IS NULL OR …`), text filters match
 //! with `strpos` (no wildcard characters to escape).
 
-use super::SchemaName;
+use outbox_core::store::SchemaName;
 
 /// The operations statements of one schema.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 //! counter upsert, the event insert, the idempotency key claim and the
 //! guarded NOTIFY are CTEs of a single statement.
 
-use super::schema::SchemaName;
+use outbox_core::store::SchemaName;
 
 /// Mixed into a schema's lock namespace for the partition ownership locks,
 /// so they never collide with the per-aggregate claim locks.
@@ -234,7 +234,7 @@ pub(crate) struct RelaySql {
     /// that another claim holds, the later events of blocked aggregates,
     /// and the partitions a relay worker owns; locked until the claim
     /// transaction ends, and marked published in that transaction. For
-    /// [`RelayStore::claim`](crate::relay::RelayStore::claim) callers
+    /// [`RelayStore::claim`](outbox_core::relay::RelayStore::claim) callers
     /// outside a worker's session. Binds: lock namespace (int4), limit
     /// (int8), whether failed heads are skipped (bool).
     pub(crate) claim_shared: String,

@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::sql::RelaySql;
-use crate::metrics as m;
-use crate::relay::StoreError;
+use crate::sql::RelaySql;
+use outbox_core::metrics as m;
+use outbox_core::relay::StoreError;
 
 /// How a worker's session is set up and rebalanced.
 #[derive(Debug, Clone)]
@@ -69,8 +69,8 @@ pub(crate) async fn within<T>(
     work: impl Future<Output = sqlx::Result<T>>,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(deadline, work).await {
-        Ok(result) => result.map_err(StoreError::new(operation)),
-        Err(_) => Err(StoreError::new(operation)(sqlx::Error::Io(
+        Ok(result) => result.map_err(crate::store_error(operation)),
+        Err(_) => Err(crate::store_error(operation)(sqlx::Error::Io(
             std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
@@ -120,7 +120,7 @@ pub(crate) struct WorkerSession {
     pub(crate) steady: bool,
     /// The transaction id of the rebalance in which this session last
     /// took partitions: its claims' fencing token (see
-    /// [`crate::relay::fencing_token`]).
+    /// [`outbox_core::relay::fencing_token`]).
     pub(crate) fencing_token: Option<u64>,
     last_rebalance: Option<Instant>,
     /// When the connection was last used: past the lease the server has

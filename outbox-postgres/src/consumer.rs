@@ -10,17 +10,17 @@ use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use super::SchemaName;
-use super::audit::AuditSql;
-use crate::audit::RepairRequest;
-use crate::consumer::HandlerError;
-use crate::consumer::Incoming;
-use crate::consumer::store::{
+use crate::audit::AuditSql;
+use outbox_core::Envelope;
+use outbox_core::audit::RepairRequest;
+use outbox_core::consumer::HandlerError;
+use outbox_core::consumer::Incoming;
+use outbox_core::consumer::store::{
     ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
     StrictClaim,
 };
-use crate::consumer::{HANDLER_ENDED_TRANSACTION, SWALLOWED};
-use crate::envelope::Envelope;
+use outbox_core::consumer::{HANDLER_ENDED_TRANSACTION, SWALLOWED};
+use outbox_core::store::SchemaName;
 
 /// Reads a position from `version, pinned, start_version` at columns
 /// `first`, `first + 1` and `first + 2` of a row.
@@ -573,8 +573,8 @@ impl ConsumerSql {
 }
 
 /// The PostgreSQL consumer store: the [`ConsumerStore`] a consumer built
-/// with [`ConsumerBuilder::build`](crate::consumer::ConsumerBuilder::build)
-/// runs on (its tables in `schema`, migrated with [`crate::store::migrate`]).
+/// with [`ConsumerBuilder::build`](crate::ConsumerBuilderPostgresExt::build)
+/// runs on (its tables in `schema`, migrated with [`crate::migrate`]).
 #[derive(Debug, Clone)]
 pub struct PgConsumerStore {
     pool: PgPool,
@@ -648,7 +648,7 @@ impl ConsumerStore for PgConsumerStore {
     /// refused before any statement would fail on it at every delivery.
     /// SQLSTATE 25P02: the handler caught a statement's error and went on.
     fn is_failed_transaction(&self, error: &sqlx::Error) -> bool {
-        super::has_sqlstate(error, "25P02")
+        crate::has_sqlstate(error, "25P02")
     }
 
     fn refuses(&self, incoming: &Incoming, _envelope: &Envelope) -> Option<String> {
@@ -723,11 +723,11 @@ impl ConsumerStore for PgConsumerStore {
             .await
         {
             Ok(_) => Ok(()),
-            Err(error) if super::has_sqlstate(&error, "25P02") => {
+            Err(error) if crate::has_sqlstate(&error, "25P02") => {
                 Err(HandlerError::retryable(SWALLOWED))
             }
             Err(error)
-                if super::has_sqlstate(&error, "25P01") || super::has_sqlstate(&error, "3B001") =>
+                if crate::has_sqlstate(&error, "25P01") || crate::has_sqlstate(&error, "3B001") =>
             {
                 Err(HandlerError::retryable(HANDLER_ENDED_TRANSACTION))
             }

@@ -12,10 +12,10 @@ use std::sync::{Arc, OnceLock};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use uuid::Uuid;
 
-use super::SchemaName;
-use super::sql::EmitSql;
-use crate::contract::OutboxEvent;
-use crate::emit::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft};
+use crate::sql::EmitSql;
+use outbox_core::OutboxEvent;
+use outbox_core::store::SchemaName;
+use outbox_core::{EmitError, EmitOptions, EmitOutcome, Emitted, EventDraft};
 
 /// Where the outbox lives; cheap to clone, holds no connection.
 #[derive(Debug, Clone)]
@@ -59,8 +59,8 @@ impl Outbox {
     }
 
     /// Applies the migrations of this outbox's schema.
-    pub async fn migrate(&self, pool: &sqlx::PgPool) -> Result<(), crate::store::MigrateError> {
-        crate::store::migrate(pool, &self.inner.schema).await
+    pub async fn migrate(&self, pool: &sqlx::PgPool) -> Result<(), crate::MigrateError> {
+        crate::migrate(pool, &self.inner.schema).await
     }
 
     /// Inserts `event` in the caller's transaction.
@@ -85,7 +85,7 @@ impl Outbox {
     ) -> Result<EmitOutcome, EmitError> {
         let mut draft = EventDraft::new(event)?;
         if let Some(traceparent) = options.traceparent {
-            draft.traceparent = Some(traceparent.to_string());
+            draft = draft.with_traceparent(traceparent);
         }
         if let Some(key) = &options.idempotency_key
             && key.len() > 512
@@ -131,7 +131,7 @@ impl Outbox {
         let mut schema_versions = Vec::with_capacity(drafts.len());
         let mut payloads = Vec::with_capacity(drafts.len());
         let mut traceparents = Vec::with_capacity(drafts.len());
-        for draft in drafts {
+        for draft in drafts.into_iter().map(EventDraft::into_parts) {
             ids.push(draft.id);
             aggregate_types.push(draft.aggregate_type);
             aggregate_ids.push(draft.aggregate_id);
@@ -190,6 +190,7 @@ impl Outbox {
         key: Option<&str>,
     ) -> Result<EmitOutcome, EmitError> {
         require_transaction(conn)?;
+        let draft = draft.into_parts();
         let sql = &self.inner.sql;
         let statement = match (draft.aggregate_version.is_some(), key.is_some()) {
             (false, false) => &sql.counter,

@@ -10,44 +10,44 @@
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool, SqlStr};
 
-use super::schema::SchemaName;
+use outbox_core::store::SchemaName;
 
-/// The migrations shipped with this version of outbox-core.
+/// The migrations shipped with this version of outbox-postgres.
 pub fn migrations() -> Vec<Migration> {
     vec![
         Migration::new(
             1,
             "outbox tables".into(),
             MigrationType::Simple,
-            SqlStr::from_static(include_str!("../../migrations/0001_outbox.sql")),
+            SqlStr::from_static(include_str!("../migrations/0001_outbox.sql")),
             false,
         ),
         Migration::new(
             2,
             "hardening: exact payloads, replayable letters, audit".into(),
             MigrationType::Simple,
-            SqlStr::from_static(include_str!("../../migrations/0002_hardening.sql")),
+            SqlStr::from_static(include_str!("../migrations/0002_hardening.sql")),
             false,
         ),
         Migration::new(
             3,
             "operations: skipped events, replay requests".into(),
             MigrationType::Simple,
-            SqlStr::from_static(include_str!("../../migrations/0003_operations.sql")),
+            SqlStr::from_static(include_str!("../migrations/0003_operations.sql")),
             false,
         ),
         Migration::new(
             4,
             "partitions: relay workers divide the aggregates".into(),
             MigrationType::Simple,
-            SqlStr::from_static(include_str!("../../migrations/0004_partitions.sql")),
+            SqlStr::from_static(include_str!("../migrations/0004_partitions.sql")),
             false,
         ),
         Migration::new(
             5,
             "strict starts: the start version of an aggregate, open letters by aggregate".into(),
             MigrationType::Simple,
-            SqlStr::from_static(include_str!("../../migrations/0005_strict_starts.sql")),
+            SqlStr::from_static(include_str!("../migrations/0005_strict_starts.sql")),
             false,
         ),
     ]

@@ -4,8 +4,8 @@
 
 use sqlx::{AssertSqlSafe, PgConnection};
 
-use super::SchemaName;
-use crate::audit::RepairRequest;
+use outbox_core::audit::RepairRequest;
+use outbox_core::store::SchemaName;
 
 /// The audit statements of one schema.
 #[derive(Debug, Clone)]
