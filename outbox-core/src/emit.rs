@@ -2,8 +2,7 @@
 //! [`EmitOptions`], [`Emitted`] / [`EmitOutcome`], [`EmitError`]). Each
 //! store writes an event into the outbox inside the caller's own
 //! transaction, so the business change and the intent to publish commit
-//! together or not at all: PostgreSQL's `Outbox` (feature `postgres`,
-//! `store/emit.rs`), `outbox_sqlite::SqliteOutbox`,
+//! together or not at all: `outbox_postgres::Outbox`, `outbox_sqlite::SqliteOutbox`,
 //! `outbox_mysql::MySqlOutbox`.
 
 use serde_json::value::RawValue;

@@ -1,7 +1,7 @@
 //! The envelope: an event with its metadata, the durable contract between
 //! producer, relay and consumer, and its CloudEvents mapping on the wire.
 //!
-//! Storage (`store/`) and transports (`transport/`) convert from and to it;
+//! The store crates and transports (`transport/`) convert from and to it;
 //! this file owns the field list, the attribute names and their parsing.
 
 use std::fmt;

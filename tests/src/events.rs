@@ -2,7 +2,6 @@
 //! them.
 
 use outbox_core::{EventDraft, OutboxEvent};
-
 use outbox_postgres::Outbox;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -172,8 +172,8 @@ impl fmt::Display for HandlerError {
 /// effect goes through `tx`, the consumer's transaction: it commits with the
 /// inbox row or not at all.
 ///
-/// `C` is the connection type of the consumer's store: `PgConnection` (the
-/// default) on PostgreSQL.
+/// `C` is the connection type of the consumer's store: `PgConnection` on
+/// PostgreSQL, `SqliteConnection` on SQLite, `MySqlConnection` on MySQL.
 pub trait Handler<E: OutboxEvent, C: Send + 'static>: Send + Sync + 'static {
     /// Applies `event`.
     fn handle(
