@@ -86,6 +86,8 @@ pub async fn run<S: StoreUnderTest>() {
     a_large_backlog_drains_in_order::<S>().await;
     eprintln!("repairs: retry and skip of failed heads");
     failed_heads_are_retried_and_skipped_with_an_audit::<S>().await;
+    eprintln!("repairs: a published event published again");
+    a_published_event_is_republished_with_an_audit::<S>().await;
 }
 
 /// A relay that polls, retries and gives up quickly.
@@ -425,6 +427,80 @@ async fn failed_heads_are_retried_and_skipped_with_an_audit<S: StoreUnderTest>()
                 "duplicate of an earlier charge"
             ),
         ]
+    );
+    store.clean_up().await;
+}
+
+/// A published event republished through the operations seam is
+/// published again under its own id and version (a consumer's inbox
+/// recognises it), once, with an audit row; an unknown id is reported
+/// `not_found`.
+async fn a_published_event_is_republished_with_an_audit<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    store.emit(&ticks(&["again"], 2), true).await;
+    let transport = RecordingTransport::new();
+    let relay = store.start_relay(transport.clone(), quick_config()).await;
+    published_count(&transport, 2, "both versions published").await;
+    let ops = store.ops(FailedHeadPolicy::Block);
+    let published = ops
+        .events(&EventFilter {
+            status: EventStatus::Published,
+            ..EventFilter::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    let first = published
+        .iter()
+        .find(|e| e.aggregate_version == 1)
+        .map(|e| e.id)
+        .expect("version 1 is listed as published");
+
+    let report = ops
+        .republish(&[first], &request("the billing consumer lost it"))
+        .await
+        .unwrap();
+    assert_eq!(report.count("republished"), 1, "{report:?}");
+    published_count(&transport, 3, "the republished event").await;
+    let again = transport.published()[2].clone();
+    assert_eq!(
+        (
+            again.id,
+            again.aggregate_id.as_str(),
+            again.aggregate_version
+        ),
+        (first, "again", 1),
+        "published again under its own id and version"
+    );
+    // Published again, it is marked published, and an id that names no
+    // event is reported as such and changes nothing.
+    wait::until(
+        "the republished event marked",
+        Duration::from_secs(30),
+        || async {
+            ops.event(first)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|e| e.status == "published")
+        },
+    )
+    .await;
+    let unknown = uuid::Uuid::now_v7();
+    let refused = ops.republish(&[unknown], &request("a typo")).await.unwrap();
+    assert_eq!(refused.count("not_found"), 1, "{refused:?}");
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    assert_eq!(
+        transport.published_count(),
+        3,
+        "published once more, not twice"
+    );
+    let audit = ops.audit(None, Some(10)).await.unwrap().items;
+    assert!(
+        audit.iter().any(|a| a.action == "relay.republish"
+            && a.reason == "the billing consumer lost it"
+            && a.operator == "conformance"),
+        "{audit:?}"
     );
     store.clean_up().await;
 }
