@@ -32,7 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_core::audit::RepairRequest;
-use outbox_core::ops::{EventFilter, EventStatus, OperationsStore, StatusOptions};
+use outbox_core::ops::{
+    Cleanup, DEFAULT_KEY_RETENTION, EventFilter, EventStatus, OperationsStore, StatusOptions,
+};
 use outbox_core::relay::failpoint::{self, AFTER_PUBLISH, Action};
 use outbox_core::relay::{Backoff, FailedHeadPolicy, Relay, RelayConfig};
 use outbox_core::transport::{PublishFailure, Transport};
@@ -88,6 +90,8 @@ pub async fn run<S: StoreUnderTest>() {
     failed_heads_are_retried_and_skipped_with_an_audit::<S>().await;
     eprintln!("repairs: a published event published again");
     a_published_event_is_republished_with_an_audit::<S>().await;
+    eprintln!("repairs: cleanup of old published events");
+    cleanup_counts_then_deletes_only_old_published_events::<S>().await;
 }
 
 /// A relay that polls, retries and gives up quickly.
@@ -500,6 +504,81 @@ async fn a_published_event_is_republished_with_an_audit<S: StoreUnderTest>() {
         audit.iter().any(|a| a.action == "relay.republish"
             && a.reason == "the billing consumer lost it"
             && a.operator == "conformance"),
+        "{audit:?}"
+    );
+    store.clean_up().await;
+}
+
+/// A cleanup's dry run counts and deletes nothing; executed, it deletes
+/// the published events older than its age and never a pending one,
+/// keeps idempotency keys for their own retention unless told otherwise,
+/// and writes an audit row.
+async fn cleanup_counts_then_deletes_only_old_published_events<S: StoreUnderTest>() {
+    let store = S::fresh().await;
+    store.emit(&ticks(&["history"], 3), true).await;
+    let transport = RecordingTransport::new();
+    let relay = store.start_relay(transport.clone(), quick_config()).await;
+    published_count(&transport, 3, "the history published").await;
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    store.emit(&ticks(&["still-pending"], 1), true).await;
+    // Older than the cleanup's age of one second on every store's clock
+    // resolution.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let ops = store.ops(FailedHeadPolicy::Block);
+    let age = Duration::from_secs(1);
+
+    let dry = ops
+        .cleanup(
+            &Cleanup::older_than(age),
+            &request("how much would go"),
+            &mut |_, _| {},
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (dry.eligible, dry.deleted, dry.executed, dry.audit_id),
+        (3, 0, false, None),
+        "{dry:?}"
+    );
+    assert_eq!(dry.keys_older_than_secs, DEFAULT_KEY_RETENTION.as_secs());
+    assert_eq!(store.published().await, 3, "a dry run deletes nothing");
+
+    let plan = Cleanup {
+        execute: true,
+        ..Cleanup::older_than(age)
+    };
+    let done = ops
+        .cleanup(&plan, &request("disk space"), &mut |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (done.eligible, done.deleted, done.executed),
+        (3, 3, true),
+        "{done:?}"
+    );
+    assert!(done.audit_id.is_some(), "{done:?}");
+    assert_eq!(store.published().await, 0, "the old published events went");
+    let pending = ops
+        .events(&EventFilter {
+            status: EventStatus::Pending,
+            ..EventFilter::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        pending
+            .iter()
+            .map(|e| e.aggregate_id.as_str())
+            .collect::<Vec<_>>(),
+        ["still-pending"],
+        "a pending event is never cleaned up"
+    );
+    let audit = ops.audit(None, Some(10)).await.unwrap().items;
+    assert!(
+        audit
+            .iter()
+            .any(|a| a.action == "relay.cleanup" && a.reason == "disk space"),
         "{audit:?}"
     );
     store.clean_up().await;
