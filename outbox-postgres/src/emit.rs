@@ -317,7 +317,7 @@ fn default_outbox() -> &'static Outbox {
 /// ```ignore
 /// let mut tx = pool.begin().await?;
 /// sqlx::query("INSERT INTO orders ...").execute(&mut *tx).await?;
-/// outbox_core::emit(&mut tx, &OrderCreated { .. }).await?;
+/// outbox_postgres::emit(&mut tx, &OrderCreated { .. }).await?;
 /// tx.commit().await?;
 /// ```
 pub async fn emit<E: OutboxEvent>(

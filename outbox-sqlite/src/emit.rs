@@ -1,6 +1,6 @@
 //! Emit on SQLite: insert an event in the caller's own transaction, so the
 //! business change and the intent to publish commit together or not at
-//! all. The same contract as `outbox_core::Outbox` on PostgreSQL: the same
+//! all. The same contract as `outbox_postgres::Outbox` on PostgreSQL: the same
 //! [`EmitError`], [`Emitted`], [`EmitOutcome`] and [`EmitOptions`].
 //!
 //! SQLite runs one write transaction at a time, so an aggregate's versions

@@ -1,8 +1,10 @@
-//! Retention: deletes published events older than a configured age (and
-//! old idempotency keys) in small batches, so the outbox does not grow
-//! without bound and no long lock or long transaction holds up the relay.
-//! Pending and failed events are never touched. Progress is counted
-//! (`outbox_retention_deleted_total`) and returned.
+//! Retention's settings and report, shared by the stores: each store
+//! deletes published events older than a configured age (and old
+//! idempotency keys) in small batches, so the outbox does not grow without
+//! bound and no long lock or long transaction holds up the relay
+//! (`outbox_postgres::retention`). Pending and failed events are never
+//! touched. Progress is counted (`outbox_retention_deleted_total`) and
+//! returned as a [`RetentionReport`].
 
 use std::time::Duration;
 

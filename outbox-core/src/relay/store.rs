@@ -1,7 +1,7 @@
 //! The store seam of the relay: what the loop needs from a database, and
-//! nothing about which one. PostgreSQL implements it in
-//! `store/relay.rs`; an embedded store can implement it without touching
-//! the loop.
+//! nothing about which one. `outbox_postgres::PgRelayStore` implements it,
+//! and so do the SQLite and MySQL stores; another store can implement it
+//! without touching the loop.
 
 use std::future::Future;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! consumer's, [`outbox_core::ops::LetterStore`] (letters, positions,
 //! replay requests, discards, passing a skipped version), with the same
 //! records, filters, pages, reports and outcomes as the PostgreSQL store's
-//! [`outbox_core::ops::Ops`].
+//! `outbox_postgres::Ops`.
 
 mod letters;
 mod reads;

@@ -1,7 +1,7 @@
 //! Operator repairs of the relay's failure states on MySQL/MariaDB, by id
 //! and with a reason, each in one transaction with its audit row, and
 //! retention run by an operator: the same requests, reports and outcomes
-//! as the PostgreSQL operations API (`outbox_core::ops::Ops`).
+//! as the PostgreSQL operations API (`outbox_postgres::Ops`).
 //!
 //! MySQL has no `UPDATE … RETURNING` and refuses a subquery on the table
 //! an `UPDATE` changes, so a repair locks the named rows first (`SELECT …

@@ -4,7 +4,7 @@
 //! consumer's, [`outbox_core::ops::LetterStore`] (letters, positions,
 //! replay requests, discards, passing a version), with the same records,
 //! filters, pages, reports and outcomes as the PostgreSQL store's
-//! [`outbox_core::ops::Ops`], so the `outbox` CLI runs on a SQLite file
+//! `outbox_postgres::Ops`, so the `outbox` CLI runs on a SQLite file
 //! unchanged.
 
 pub(crate) mod audit_row;

@@ -2,7 +2,7 @@
 //! a reason, each in one transaction with its audit row (`outbox_audit`:
 //! who, when, why, which ids, what happened to each): the same requests,
 //! reports and outcomes as the PostgreSQL operations API
-//! (`outbox_core::ops::Ops`).
+//! (`outbox_postgres::Ops`).
 
 use std::collections::{HashMap, HashSet};
 
