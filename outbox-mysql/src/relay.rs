@@ -188,7 +188,7 @@ impl MySqlRelayStore {
             .bind(limit.max(0))
             .fetch_all(&self.pool)
             .await
-            .map_err(store_error("list blocked aggregates"))?;
+            .map_err(StoreError::new("list blocked aggregates"))?;
         rows.iter()
             .map(|row| {
                 Ok(BlockedAggregate {
@@ -201,7 +201,7 @@ impl MySqlRelayStore {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(store_error("decode blocked aggregates"))
+            .map_err(StoreError::new("decode blocked aggregates"))
     }
 
     /// Deletes up to `batch` published events older than `age`, and up to
@@ -222,7 +222,7 @@ impl MySqlRelayStore {
         .bind(batch)
         .execute(&self.pool)
         .await
-        .map_err(store_error("purge published events"))?;
+        .map_err(StoreError::new("purge published events"))?;
         sqlx::query(
             "DELETE FROM outbox_idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?",
         )
@@ -230,7 +230,7 @@ impl MySqlRelayStore {
         .bind(batch)
         .execute(&self.pool)
         .await
-        .map_err(store_error("purge idempotency keys"))?;
+        .map_err(StoreError::new("purge idempotency keys"))?;
         Ok(events.rows_affected())
     }
 
@@ -379,10 +379,6 @@ pub async fn start_relay<T: Transport>(
     Relay::start(store, transport, config, "mysql").await
 }
 
-fn store_error(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError { operation, source }
-}
-
 fn decode_claimed(row: &MySqlRow) -> Result<ClaimedEvent, sqlx::Error> {
     let payload: String = row.try_get("payload")?;
     let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
@@ -528,7 +524,7 @@ impl ClaimedBatch for MySqlClaim {
         }
         self.record(&outcome)
             .await
-            .map_err(store_error("record batch outcome"))?;
+            .map_err(StoreError::new("record batch outcome"))?;
         self.settled = true;
         Ok(())
     }
@@ -541,7 +537,7 @@ impl ClaimedBatch for MySqlClaim {
             .build()
             .execute(&self.pool)
             .await
-            .map_err(store_error("release claim"))?;
+            .map_err(StoreError::new("release claim"))?;
         self.settled = true;
         Ok(())
     }
@@ -570,14 +566,14 @@ impl RelayStore for MySqlRelayStore {
         let rows = self
             .claim_rows(limit, &token)
             .await
-            .map_err(store_error("claim"))?;
+            .map_err(StoreError::new("claim"))?;
         let mut seqs = HashMap::with_capacity(rows.len());
         let mut events = Vec::with_capacity(rows.len());
         for row in &rows {
-            let event = decode_claimed(row).map_err(store_error("decode claimed event"))?;
+            let event = decode_claimed(row).map_err(StoreError::new("decode claimed event"))?;
             let seq: i64 = row
                 .try_get("seq")
-                .map_err(store_error("decode claimed event"))?;
+                .map_err(StoreError::new("decode claimed event"))?;
             seqs.insert(event.envelope.id, seq);
             events.push(event);
         }
@@ -620,8 +616,8 @@ impl RelayStore for MySqlRelayStore {
         )
         .fetch_one(&self.pool)
         .await
-        .map_err(store_error("read backlog figures"))?;
-        let decode = || store_error("decode backlog");
+        .map_err(StoreError::new("read backlog figures"))?;
+        let decode = || StoreError::new("decode backlog");
         let oldest: Option<i64> = row.try_get("oldest").map_err(decode())?;
         let types = sqlx::query(
             "SELECT event_type,
@@ -633,7 +629,7 @@ impl RelayStore for MySqlRelayStore {
         )
         .fetch_all(&self.pool)
         .await
-        .map_err(store_error("read backlog per event type"))?;
+        .map_err(StoreError::new("read backlog per event type"))?;
         let event_types = types
             .iter()
             .map(|row| {
@@ -646,7 +642,7 @@ impl RelayStore for MySqlRelayStore {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(store_error("decode backlog per event type"))?;
+            .map_err(StoreError::new("decode backlog per event type"))?;
         let blocked = self.blocked_aggregates(i64::MAX).await?.len() as i64;
         Ok(OutboxStats {
             pending: row.try_get("pending").map_err(decode())?,

@@ -199,12 +199,6 @@ pub(crate) fn has_sqlstate(error: &sqlx::Error, code: &str) -> bool {
         .is_some_and(|found| found == code)
 }
 
-/// Maps a driver error to the relay's [`StoreError`] with what was being
-/// done.
-pub(crate) fn store_error(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError { operation, source }
-}
-
 /// Whether PostgreSQL cancelled the statement (SQLSTATE 57014: its
 /// statement timeout, or a cancel request).
 pub(crate) fn is_statement_timeout(error: &StoreError) -> bool {

@@ -182,7 +182,7 @@ impl PgRelayStore {
                 let count: i32 = sqlx::query_scalar(AssertSqlSafe(self.sql.partitions.as_str()))
                     .fetch_one(&self.pool)
                     .await
-                    .map_err(crate::store_error("read the partition count"))?;
+                    .map_err(StoreError::new("read the partition count"))?;
                 Ok(count.clamp(1, i16::MAX as i32) as i16)
             })
             .await
@@ -310,7 +310,7 @@ impl PgRelayStore {
             .bind(self.skip_failed_heads)
             .fetch_all(&self.pool)
             .await
-            .map_err(crate::store_error("list blocked aggregates"))?;
+            .map_err(StoreError::new("list blocked aggregates"))?;
         rows.iter()
             .map(|row| {
                 Ok(BlockedAggregate {
@@ -323,7 +323,7 @@ impl PgRelayStore {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(crate::store_error("list blocked aggregates"))
+            .map_err(StoreError::new("list blocked aggregates"))
     }
 
     /// Runs a claim under `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)`, in a
@@ -348,7 +348,7 @@ impl PgRelayStore {
         let live: i64 = sqlx::query_scalar(AssertSqlSafe(self.sql.live_workers.as_str()))
             .fetch_one(&self.pool)
             .await
-            .map_err(crate::store_error("count live relay workers"))?;
+            .map_err(StoreError::new("count live relay workers"))?;
         let (variant, claim) = if live >= 2 {
             (ClaimVariant::Shared, &self.sql.explain_shared)
         } else {
@@ -358,7 +358,7 @@ impl PgRelayStore {
             .pool
             .begin_with(AssertSqlSafe(self.begin_claim.clone()))
             .await
-            .map_err(crate::store_error("begin explain"))?;
+            .map_err(StoreError::new("begin explain"))?;
         let sql = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}");
         let query = sqlx::query_scalar(AssertSqlSafe(sql));
         let query = match variant {
@@ -370,11 +370,11 @@ impl PgRelayStore {
             .bind(self.skip_failed_heads)
             .fetch_one(&mut *transaction)
             .await
-            .map_err(crate::store_error("explain claim"))?;
+            .map_err(StoreError::new("explain claim"))?;
         transaction
             .rollback()
             .await
-            .map_err(crate::store_error("end explain"))?;
+            .map_err(StoreError::new("end explain"))?;
         Ok(ClaimPlan {
             variant,
             sql: claim.clone(),
@@ -391,7 +391,7 @@ impl PgRelayStore {
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())
-            .map_err(crate::store_error("purge published events"))
+            .map_err(StoreError::new("purge published events"))
     }
 
     /// Deletes one batch of idempotency keys older than `age`.
@@ -406,7 +406,7 @@ impl PgRelayStore {
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())
-            .map_err(crate::store_error("purge idempotency keys"))
+            .map_err(StoreError::new("purge idempotency keys"))
     }
 }
 
@@ -627,7 +627,7 @@ impl ClaimedBatch for PgClaim {
                     query
                         .execute(&mut **transaction)
                         .await
-                        .map_err(crate::store_error("record batch outcome"))?;
+                        .map_err(StoreError::new("record batch outcome"))?;
                 }
                 ClaimTx::Session { conn, session } => {
                     let recorded = within(
@@ -689,7 +689,7 @@ impl ClaimTx {
                 } else {
                     transaction.commit().await
                 };
-                ended.map_err(crate::store_error(end.operation()))
+                ended.map_err(StoreError::new(end.operation()))
             }
             ClaimTx::Session {
                 mut conn,
@@ -734,7 +734,7 @@ impl WakeupListener for PgWakeups {
             .recv()
             .await
             .map(|_| ())
-            .map_err(crate::store_error("receive notification"))
+            .map_err(StoreError::new("receive notification"))
     }
 }
 
@@ -753,14 +753,14 @@ impl RelayStore for PgRelayStore {
             .pool
             .begin_with(AssertSqlSafe(self.begin_claim.clone()))
             .await
-            .map_err(crate::store_error("begin claim"))?;
+            .map_err(StoreError::new("begin claim"))?;
         let rows = sqlx::query(AssertSqlSafe(self.claim_sql()))
             .bind(self.lock_namespace)
             .bind(limit as i64)
             .bind(self.skip_failed_heads)
             .fetch_all(&mut *transaction)
             .await
-            .map_err(crate::store_error("claim"))?;
+            .map_err(StoreError::new("claim"))?;
         let events = decode_sorted(&rows)?;
         Ok(PgClaim {
             tx: ClaimTx::Pooled(transaction),
@@ -820,17 +820,17 @@ impl RelayStore for PgRelayStore {
             .execute(&self.pool)
             .await
             .map(|_| ())
-            .map_err(crate::store_error("deregister relay"))
+            .map_err(StoreError::new("deregister relay"))
     }
 
     async fn listener(&self) -> Result<PgWakeups, StoreError> {
         let mut listener = PgListener::connect_with(&self.pool)
             .await
-            .map_err(crate::store_error("connect listener"))?;
+            .map_err(StoreError::new("connect listener"))?;
         listener
             .listen(&self.channel)
             .await
-            .map_err(crate::store_error("listen"))?;
+            .map_err(StoreError::new("listen"))?;
         Ok(PgWakeups { listener })
     }
 
@@ -841,7 +841,7 @@ impl RelayStore for PgRelayStore {
             .bind(self.skip_failed_heads)
             .fetch_one(&self.pool)
             .await
-            .map_err(crate::store_error("read backlog figures"))?;
+            .map_err(StoreError::new("read backlog figures"))?;
         let read = || -> Result<OutboxStats, sqlx::Error> {
             let by_type: String = row.try_get("event_types")?;
             let event_types: Vec<EventTypeStats> =
@@ -856,7 +856,7 @@ impl RelayStore for PgRelayStore {
                 event_types,
             })
         };
-        read().map_err(crate::store_error("decode backlog figures"))
+        read().map_err(StoreError::new("decode backlog figures"))
     }
 }
 
@@ -867,7 +867,7 @@ fn decode_sorted(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<ClaimedEvent>, St
         .iter()
         .map(decode_claimed)
         .collect::<Result<Vec<_>, sqlx::Error>>()
-        .map_err(crate::store_error("decode claimed event"))?;
+        .map_err(StoreError::new("decode claimed event"))?;
     events.sort_unstable_by(|a, b| {
         let (a, b) = (&a.envelope, &b.envelope);
         (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(

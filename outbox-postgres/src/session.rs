@@ -69,8 +69,8 @@ pub(crate) async fn within<T>(
     work: impl Future<Output = sqlx::Result<T>>,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(deadline, work).await {
-        Ok(result) => result.map_err(crate::store_error(operation)),
-        Err(_) => Err(crate::store_error(operation)(sqlx::Error::Io(
+        Ok(result) => result.map_err(StoreError::new(operation)),
+        Err(_) => Err(StoreError::new(operation)(sqlx::Error::Io(
             std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(

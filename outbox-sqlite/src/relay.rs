@@ -181,7 +181,7 @@ impl SqliteRelayStore {
             .bind(self.skip_failed_heads)
             .fetch_all(&self.pool)
             .await
-            .map_err(store_error("list blocked aggregates"))?;
+            .map_err(StoreError::new("list blocked aggregates"))?;
         rows.iter()
             .map(|row| {
                 Ok(BlockedAggregate {
@@ -194,7 +194,7 @@ impl SqliteRelayStore {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(store_error("decode blocked aggregates"))
+            .map_err(StoreError::new("decode blocked aggregates"))
     }
 
     /// Deletes up to `batch` published events older than `age`, and up to
@@ -217,7 +217,7 @@ impl SqliteRelayStore {
         .bind(batch)
         .execute(&self.pool)
         .await
-        .map_err(store_error("purge published events"))?;
+        .map_err(StoreError::new("purge published events"))?;
         sqlx::query(
             "DELETE FROM outbox_idempotency_keys WHERE idempotency_key IN (
                 SELECT idempotency_key FROM outbox_idempotency_keys
@@ -227,7 +227,7 @@ impl SqliteRelayStore {
         .bind(batch)
         .execute(&self.pool)
         .await
-        .map_err(store_error("purge idempotency keys"))?;
+        .map_err(StoreError::new("purge idempotency keys"))?;
         Ok(events.rows_affected())
     }
 }
@@ -240,10 +240,6 @@ pub async fn start_relay<T: Transport>(
 ) -> Result<Relay, ConfigError> {
     let store = SqliteRelayStore::new(pool, &config);
     Relay::start(store, transport, config, "sqlite").await
-}
-
-fn store_error(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError { operation, source }
 }
 
 fn decode_claimed(row: &SqliteRow) -> Result<ClaimedEvent, sqlx::Error> {
@@ -386,7 +382,7 @@ impl ClaimedBatch for SqliteClaim {
         }
         self.record(&outcome)
             .await
-            .map_err(store_error("record batch outcome"))?;
+            .map_err(StoreError::new("record batch outcome"))?;
         self.settled = true;
         Ok(())
     }
@@ -399,7 +395,7 @@ impl ClaimedBatch for SqliteClaim {
             .bind(&self.token)
             .execute(&self.pool)
             .await
-            .map_err(store_error("release claim"))?;
+            .map_err(StoreError::new("release claim"))?;
         self.settled = true;
         Ok(())
     }
@@ -441,12 +437,12 @@ impl RelayStore for SqliteRelayStore {
             Ok::<_, sqlx::Error>(rows)
         }
         .await
-        .map_err(store_error("claim"))?;
+        .map_err(StoreError::new("claim"))?;
         let mut events = rows
             .iter()
             .map(decode_claimed)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(store_error("decode claimed event"))?;
+            .map_err(StoreError::new("decode claimed event"))?;
         events.sort_unstable_by(|a, b| {
             let (a, b) = (&a.envelope, &b.envelope);
             (&a.aggregate_type, &a.aggregate_id, a.aggregate_version).cmp(&(
@@ -480,7 +476,7 @@ impl RelayStore for SqliteRelayStore {
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        let decode = store_error("read backlog figures");
+        let decode = StoreError::new("read backlog figures");
         let row = sqlx::query(
             "SELECT
                 (SELECT count(*) FROM outbox_events WHERE status = 'pending') AS pending,
@@ -490,10 +486,10 @@ impl RelayStore for SqliteRelayStore {
         )
         .fetch_one(&self.pool)
         .await
-        .map_err(store_error("read backlog figures"))?;
+        .map_err(StoreError::new("read backlog figures"))?;
         let oldest: Option<i64> = row
             .try_get("oldest")
-            .map_err(store_error("decode backlog"))?;
+            .map_err(StoreError::new("decode backlog"))?;
         let types = sqlx::query(
             "SELECT event_type,
                     sum(status = 'pending') AS pending,
@@ -504,7 +500,7 @@ impl RelayStore for SqliteRelayStore {
         )
         .fetch_all(&self.pool)
         .await
-        .map_err(store_error("read backlog per event type"))?;
+        .map_err(StoreError::new("read backlog per event type"))?;
         let event_types = types
             .iter()
             .map(|row| {
@@ -517,17 +513,19 @@ impl RelayStore for SqliteRelayStore {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(store_error("decode backlog per event type"))?;
+            .map_err(StoreError::new("decode backlog per event type"))?;
         let blocked = self.blocked_aggregates(-1).await?.len() as i64;
         Ok(OutboxStats {
             pending: row.try_get("pending").map_err(decode)?,
             failed: row
                 .try_get("failed")
-                .map_err(store_error("decode backlog"))?,
+                .map_err(StoreError::new("decode backlog"))?,
             oldest_pending_at: oldest.and_then(DateTime::from_timestamp_millis),
             blocked_aggregates: blocked,
             dead_tuples: 0,
-            live_tuples: row.try_get("live").map_err(store_error("decode backlog"))?,
+            live_tuples: row
+                .try_get("live")
+                .map_err(StoreError::new("decode backlog"))?,
             event_types,
         })
     }

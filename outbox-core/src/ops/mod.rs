@@ -61,5 +61,13 @@ pub enum OpsError {
     },
 }
 
+impl OpsError {
+    /// Maps a driver error to [`OpsError::Database`] naming what was being
+    /// done, for `map_err` in every store.
+    pub fn database(doing: &'static str) -> impl FnOnce(sqlx::Error) -> OpsError {
+        move |source| OpsError::Database { doing, source }
+    }
+}
+
 /// The most ids one repair takes: a repair names what it acts on.
 pub const MAX_REPAIR_IDS: usize = 10_000;

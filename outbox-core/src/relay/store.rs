@@ -22,6 +22,14 @@ pub struct StoreError {
     pub source: sqlx::Error,
 }
 
+impl StoreError {
+    /// Maps a driver error to a [`StoreError`] naming what was being done,
+    /// for `map_err` in every store.
+    pub fn new(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+        move |source| StoreError { operation, source }
+    }
+}
+
 /// One claimed event with its delivery history.
 #[derive(Debug, Clone)]
 pub struct ClaimedEvent {

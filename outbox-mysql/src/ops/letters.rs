@@ -19,7 +19,7 @@ use outbox_core::ops::{
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row, Transaction};
 
-use super::{MySqlOps, database};
+use super::MySqlOps;
 use crate::aggregate_key::aggregate_key;
 use crate::{now_ms, optional_time_column, time_column};
 
@@ -78,12 +78,12 @@ impl MySqlOps {
             .bind(limit)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing letters"))?;
+            .map_err(OpsError::database("listing letters"))?;
         let items = rows
             .iter()
             .map(|row| self.letter_record(row))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(database("reading letters"))?;
+            .map_err(OpsError::database("reading letters"))?;
         Ok(Page::of(items, limit, |l| l.id))
     }
 
@@ -97,10 +97,10 @@ impl MySqlOps {
             .bind(id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading a letter"))?;
+            .map_err(OpsError::database("reading a letter"))?;
         row.map(|row| self.letter_record(&row))
             .transpose()
-            .map_err(database("reading a letter"))
+            .map_err(OpsError::database("reading a letter"))
     }
 
     fn letter_record(&self, row: &MySqlRow) -> Result<LetterRecord, sqlx::Error> {
@@ -154,7 +154,7 @@ impl MySqlOps {
         .bind(aggregate_key(aggregate_type, aggregate_id))
         .fetch_optional(&self.pool)
         .await
-        .map_err(database("reading a position"))?;
+        .map_err(OpsError::database("reading a position"))?;
         row.map(|row| {
             Ok(PositionRecord {
                 consumer: consumer.to_owned(),
@@ -166,7 +166,7 @@ impl MySqlOps {
             })
         })
         .transpose()
-        .map_err(database("reading a position"))
+        .map_err(OpsError::database("reading a position"))
     }
 
     /// Asks the running consumer to replay open letters of `kind` (it
@@ -217,11 +217,11 @@ impl MySqlOps {
             .pool
             .begin()
             .await
-            .map_err(database("beginning a repair"))?;
+            .map_err(OpsError::database("beginning a repair"))?;
         let audit_id = open_audit(&mut tx, request, action, consumer, &texts).await?;
         let before = lock_letters(&mut tx, consumer, ids)
             .await
-            .map_err(database("reading letters"))?;
+            .map_err(OpsError::database("reading letters"))?;
         let eligible: Vec<i64> = ids
             .iter()
             .copied()
@@ -259,11 +259,11 @@ impl MySqlOps {
                 .build()
                 .execute(&mut *tx)
                 .await
-                .map_err(database("repairing letters"))?;
+                .map_err(OpsError::database("repairing letters"))?;
         }
         let after = lock_letters(&mut tx, consumer, ids)
             .await
-            .map_err(database("reading letters"))?;
+            .map_err(OpsError::database("reading letters"))?;
         let done = if discard.is_some() {
             "discarded"
         } else {
@@ -307,7 +307,7 @@ impl MySqlOps {
             .pool
             .begin()
             .await
-            .map_err(database("beginning a repair"))?;
+            .map_err(OpsError::database("beginning a repair"))?;
         let audit_id = open_audit(
             &mut tx,
             request,
@@ -324,7 +324,7 @@ impl MySqlOps {
         .bind(&key)
         .fetch_optional(&mut *tx)
         .await
-        .map_err(database("reading a position"))?;
+        .map_err(OpsError::database("reading a position"))?;
         let outcome = if position == Some(version - 1) {
             sqlx::query(
                 "UPDATE outbox_consumer_positions SET version = ?, pinned = 1, updated_at = ?
@@ -336,7 +336,7 @@ impl MySqlOps {
             .bind(&key)
             .execute(&mut *tx)
             .await
-            .map_err(database("moving a position"))?;
+            .map_err(OpsError::database("moving a position"))?;
             IdOutcome {
                 id: target,
                 outcome: "passed".to_owned(),
@@ -416,7 +416,7 @@ async fn open_audit(
     .bind(serde_json::Value::from(ids.to_vec()).to_string())
     .execute(&mut **tx)
     .await
-    .map_err(database("writing the audit row"))?;
+    .map_err(OpsError::database("writing the audit row"))?;
     Ok(done.last_insert_id() as i64)
 }
 
@@ -435,8 +435,10 @@ async fn close_audit(
         .bind(audit_id)
         .execute(&mut *tx)
         .await
-        .map_err(database("completing the audit row"))?;
-    tx.commit().await.map_err(database("committing a repair"))?;
+        .map_err(OpsError::database("completing the audit row"))?;
+    tx.commit()
+        .await
+        .map_err(OpsError::database("committing a repair"))?;
     Ok(RepairReport { audit_id, outcomes })
 }
 

@@ -10,7 +10,7 @@ mod letters;
 mod reads;
 mod repair;
 
-use outbox_core::ops::{OpsError, Redaction};
+use outbox_core::ops::Redaction;
 use sqlx::MySqlPool;
 
 /// The operations API over the MySQL/MariaDB outbox. Cheap to clone.
@@ -53,10 +53,6 @@ impl MySqlOps {
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }
-}
-
-fn database(doing: &'static str) -> impl FnOnce(sqlx::Error) -> OpsError {
-    move |source| OpsError::Database { doing, source }
 }
 
 outbox_core::operations_store_by_inherent_methods!(MySqlOps);

@@ -15,7 +15,7 @@ use sqlx::Row;
 use sqlx::mysql::MySqlRow;
 use uuid::Uuid;
 
-use super::{MySqlOps, database};
+use super::MySqlOps;
 use crate::relay::BLOCKED;
 use crate::{optional_time_column, time_column, uuid_column};
 
@@ -112,12 +112,12 @@ impl MySqlOps {
         let live: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_events")
             .fetch_one(&self.pool)
             .await
-            .map_err(database("counting events"))?;
+            .map_err(OpsError::database("counting events"))?;
         let mut oldest: Option<i64> = None;
         let event_types = sqlx::query(PER_EVENT_TYPE)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("counting per event type"))?
+            .map_err(OpsError::database("counting per event type"))?
             .iter()
             .map(|row| {
                 let oldest_here: Option<i64> = row.try_get("oldest_pending")?;
@@ -135,17 +135,17 @@ impl MySqlOps {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(database("reading counts per event type"))?;
+            .map_err(OpsError::database("reading counts per event type"))?;
         let backlog = Backlog::of(&event_types, age_seconds(oldest), 0, live);
         let blocked = self.blocked(options.blocked_limit).await?;
         let consumers = sqlx::query(CONSUMERS)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("reading consumers"))?
+            .map_err(OpsError::database("reading consumers"))?
             .iter()
             .map(consumer_status)
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(database("reading consumers"))?;
+            .map_err(OpsError::database("reading consumers"))?;
         let problems = status_problems(&backlog, &blocked, &consumers, options);
         Ok(Status {
             schema: self
@@ -193,12 +193,12 @@ impl MySqlOps {
             .bind(limit)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing events"))?;
+            .map_err(OpsError::database("listing events"))?;
         let items = rows
             .iter()
             .map(|row| self.event_record(row))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(database("reading events"))?;
+            .map_err(OpsError::database("reading events"))?;
         Ok(Page::of(items, limit, |e| e.seq))
     }
 
@@ -208,10 +208,10 @@ impl MySqlOps {
             .bind(id.to_string())
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading an event"))?
+            .map_err(OpsError::database("reading an event"))?
             .map(|row| self.event_record(&row))
             .transpose()
-            .map_err(database("reading an event"))
+            .map_err(OpsError::database("reading an event"))
     }
 
     /// Aggregates whose head still blocks them (a retrying head, or a
@@ -224,7 +224,7 @@ impl MySqlOps {
             .bind(limit.clamp(1, 1000))
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing blocked aggregates"))?
+            .map_err(OpsError::database("listing blocked aggregates"))?
             .iter()
             .map(|row| {
                 Ok(BlockedRecord {
@@ -237,7 +237,7 @@ impl MySqlOps {
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(database("reading blocked aggregates"))
+            .map_err(OpsError::database("reading blocked aggregates"))
     }
 
     /// One audit row (a replay request's, with the outcomes the consumer
@@ -250,11 +250,11 @@ impl MySqlOps {
         .bind(id)
         .fetch_optional(&self.pool)
         .await
-        .map_err(database("reading an audit row"))?
+        .map_err(OpsError::database("reading an audit row"))?
         .as_ref()
         .map(audit_record)
         .transpose()
-        .map_err(database("reading an audit row"))
+        .map_err(OpsError::database("reading an audit row"))
     }
 
     /// Audit rows, newest first; `before` is a page's `next`.
@@ -270,11 +270,11 @@ impl MySqlOps {
             .bind(limit)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing the audit"))?
+            .map_err(OpsError::database("listing the audit"))?
             .iter()
             .map(audit_record)
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(database("reading the audit"))?;
+            .map_err(OpsError::database("reading the audit"))?;
         Ok(Page::of(items, limit, |a| a.id))
     }
 

@@ -16,7 +16,7 @@ use outbox_core::ops::{
 use sqlx::{MySql, MySqlConnection, QueryBuilder, Row};
 use uuid::Uuid;
 
-use super::{MySqlOps, database};
+use super::MySqlOps;
 use crate::{millis, now_ms};
 
 /// A repair: what it may change and how.
@@ -150,7 +150,7 @@ impl MySqlOps {
             .pool
             .begin()
             .await
-            .map_err(database("beginning a repair"))?;
+            .map_err(OpsError::database("beginning a repair"))?;
         let audit_id = sqlx::query(
             "INSERT INTO outbox_audit (at, operator, reason, action, target, ids)
              VALUES (?, ?, ?, ?, 'relay', ?)",
@@ -162,11 +162,11 @@ impl MySqlOps {
         .bind(serde_json::Value::from(texts.clone()).to_string())
         .execute(&mut *tx)
         .await
-        .map_err(database("writing the audit row"))?
+        .map_err(OpsError::database("writing the audit row"))?
         .last_insert_id() as i64;
         let locked = lock(&mut tx, &texts)
             .await
-            .map_err(database("reading event states"))?;
+            .map_err(OpsError::database("reading event states"))?;
         let mut changed = Vec::new();
         for (id, event) in &locked {
             if !(repair.eligible)(event) {
@@ -175,7 +175,7 @@ impl MySqlOps {
             if repair.head_only
                 && !is_head(&mut tx, event, self.skip_failed_heads)
                     .await
-                    .map_err(database("reading event states"))?
+                    .map_err(OpsError::database("reading event states"))?
             {
                 continue;
             }
@@ -200,7 +200,7 @@ impl MySqlOps {
                 .build()
                 .execute(&mut *tx)
                 .await
-                .map_err(database("repairing events"))?;
+                .map_err(OpsError::database("repairing events"))?;
         }
         let outcomes: Vec<IdOutcome> = texts
             .into_iter()
@@ -225,8 +225,10 @@ impl MySqlOps {
             .bind(audit_id)
             .execute(&mut *tx)
             .await
-            .map_err(database("completing the audit row"))?;
-        tx.commit().await.map_err(database("committing a repair"))?;
+            .map_err(OpsError::database("completing the audit row"))?;
+        tx.commit()
+            .await
+            .map_err(OpsError::database("committing a repair"))?;
         Ok(RepairReport { audit_id, outcomes })
     }
 
@@ -253,7 +255,7 @@ impl MySqlOps {
         .bind(keys_before)
         .fetch_one(&self.pool)
         .await
-        .map_err(database("counting old published events and keys"))?;
+        .map_err(OpsError::database("counting old published events and keys"))?;
         let mut report = CleanupReport {
             eligible,
             deleted: 0,
@@ -286,7 +288,7 @@ impl MySqlOps {
         .bind(ids.to_string())
         .execute(&self.pool)
         .await
-        .map_err(database("writing the audit row"))?
+        .map_err(OpsError::database("writing the audit row"))?
         .last_insert_id() as i64;
         let batch = plan.batch.clamp(1, 100_000);
         loop {
@@ -298,7 +300,7 @@ impl MySqlOps {
             .bind(batch)
             .execute(&self.pool)
             .await
-            .map_err(database("deleting published events"))?
+            .map_err(OpsError::database("deleting published events"))?
             .rows_affected();
             report.deleted += gone;
             progress(report.deleted, eligible);
@@ -314,7 +316,7 @@ impl MySqlOps {
             .bind(batch)
             .execute(&self.pool)
             .await
-            .map_err(database("deleting idempotency keys"))?
+            .map_err(OpsError::database("deleting idempotency keys"))?
             .rows_affected();
             report.keys_deleted += gone;
             if gone < batch as u64 {
@@ -329,7 +331,7 @@ impl MySqlOps {
             .bind(audit_id)
             .execute(&self.pool)
             .await
-            .map_err(database("completing the audit row"))?;
+            .map_err(OpsError::database("completing the audit row"))?;
         report.executed = true;
         report.audit_id = Some(audit_id);
         Ok(report)

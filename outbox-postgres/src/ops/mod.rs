@@ -41,17 +41,12 @@ mod status;
 
 use std::sync::Arc;
 
-use outbox_core::ops::{OpsError, Redaction};
+use outbox_core::ops::Redaction;
 use outbox_core::store::SchemaName;
 use sqlx::PgPool;
 
 use crate::audit::AuditSql;
 use crate::ops_sql::OpsSql;
-
-/// Maps a driver error to [`OpsError::Database`] with what was being done.
-pub(crate) fn database(doing: &'static str) -> impl FnOnce(sqlx::Error) -> OpsError {
-    move |source| OpsError::Database { doing, source }
-}
 
 /// The operations API over one outbox schema. Cheap to clone.
 #[derive(Debug, Clone)]

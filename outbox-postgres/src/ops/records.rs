@@ -5,7 +5,7 @@ use outbox_core::ops::*;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::{Ops, database};
+use super::Ops;
 
 impl Ops {
     /// Events with a status, filtered, oldest first.
@@ -23,12 +23,12 @@ impl Ops {
             .bind(limit)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing events"))?;
+            .map_err(OpsError::database("listing events"))?;
         let items = rows
             .iter()
             .map(|row| self.event_record(row))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(database("reading events"))?;
+            .map_err(OpsError::database("reading events"))?;
         Ok(Page::of(items, limit, |e| e.seq))
     }
 
@@ -38,10 +38,10 @@ impl Ops {
             .bind(id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading an event"))?;
+            .map_err(OpsError::database("reading an event"))?;
         row.map(|row| self.event_record(&row))
             .transpose()
-            .map_err(database("reading an event"))
+            .map_err(OpsError::database("reading an event"))
     }
 
     fn event_record(&self, row: &sqlx::postgres::PgRow) -> Result<EventRecord, sqlx::Error> {
@@ -89,12 +89,12 @@ impl Ops {
             .bind(filter.include_resolved)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing letters"))?;
+            .map_err(OpsError::database("listing letters"))?;
         let items = rows
             .iter()
             .map(|row| self.letter_record(row))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(database("reading letters"))?;
+            .map_err(OpsError::database("reading letters"))?;
         Ok(Page::of(items, limit, |l| l.id))
     }
 
@@ -105,10 +105,10 @@ impl Ops {
             .bind(id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading a letter"))?;
+            .map_err(OpsError::database("reading a letter"))?;
         row.map(|row| self.letter_record(&row))
             .transpose()
-            .map_err(database("reading a letter"))
+            .map_err(OpsError::database("reading a letter"))
     }
 
     fn letter_record(&self, row: &sqlx::postgres::PgRow) -> Result<LetterRecord, sqlx::Error> {
@@ -155,12 +155,12 @@ impl Ops {
             .bind(limit)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing the audit"))?;
+            .map_err(OpsError::database("listing the audit"))?;
         let items = rows
             .iter()
             .map(audit_record)
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(database("reading the audit"))?;
+            .map_err(OpsError::database("reading the audit"))?;
         Ok(Page::of(items, limit, |a| a.id))
     }
 
@@ -170,11 +170,11 @@ impl Ops {
             .bind(id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading an audit row"))?
+            .map_err(OpsError::database("reading an audit row"))?
             .as_ref()
             .map(audit_record)
             .transpose()
-            .map_err(database("reading an audit row"))
+            .map_err(OpsError::database("reading an audit row"))
     }
 
     /// A consumer's position for one aggregate (RejectStale and Strict).
@@ -190,7 +190,7 @@ impl Ops {
             .bind(aggregate_id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading a position"))?;
+            .map_err(OpsError::database("reading a position"))?;
         row.map(|row| {
             Ok(PositionRecord {
                 consumer: consumer.to_owned(),
@@ -202,7 +202,7 @@ impl Ops {
             })
         })
         .transpose()
-        .map_err(database("reading a position"))
+        .map_err(OpsError::database("reading a position"))
     }
 }
 

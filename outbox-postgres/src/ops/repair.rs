@@ -9,7 +9,7 @@ use outbox_core::ops::*;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
 
-use super::{Ops, database};
+use super::Ops;
 
 fn outcomes_json(outcomes: &[IdOutcome]) -> serde_json::Value {
     serde_json::to_value(outcomes).unwrap_or(serde_json::Value::Null)
@@ -126,7 +126,7 @@ impl Ops {
         let changed: HashSet<Uuid> = query
             .fetch_all(&mut *tx)
             .await
-            .map_err(database("repairing events"))?
+            .map_err(OpsError::database("repairing events"))?
             .into_iter()
             .collect();
         let statuses: HashMap<Uuid, String> =
@@ -134,11 +134,11 @@ impl Ops {
                 .bind(ids)
                 .fetch_all(&mut *tx)
                 .await
-                .map_err(database("reading event states"))?
+                .map_err(OpsError::database("reading event states"))?
                 .iter()
                 .map(|row| Ok((row.try_get("id")?, row.try_get("status")?)))
                 .collect::<Result<_, sqlx::Error>>()
-                .map_err(database("reading event states"))?;
+                .map_err(OpsError::database("reading event states"))?;
         let outcomes: Vec<IdOutcome> = ids
             .iter()
             .map(|id| {
@@ -226,7 +226,7 @@ impl Ops {
                     .await
             }
         }
-        .map_err(database("repairing letters"))?
+        .map_err(OpsError::database("repairing letters"))?
         .into_iter()
         .collect();
         let states: HashMap<i64, LetterRepairState> =
@@ -235,7 +235,7 @@ impl Ops {
                 .bind(ids)
                 .fetch_all(&mut *tx)
                 .await
-                .map_err(database("reading letters"))?
+                .map_err(OpsError::database("reading letters"))?
                 .iter()
                 .map(|row| {
                     Ok((
@@ -248,7 +248,7 @@ impl Ops {
                     ))
                 })
                 .collect::<Result<_, sqlx::Error>>()
-                .map_err(database("reading letters"))?;
+                .map_err(OpsError::database("reading letters"))?;
         let done = if discard.is_some() {
             "discarded"
         } else {
@@ -289,7 +289,7 @@ impl Ops {
                 .bind(plan.keys_older_than.as_secs_f64())
                 .fetch_one(&self.pool)
                 .await
-                .map_err(database("counting old published events and keys"))?;
+                .map_err(OpsError::database("counting old published events and keys"))?;
         let mut report = CleanupReport {
             eligible,
             deleted: 0,
@@ -308,7 +308,7 @@ impl Ops {
             .pool
             .acquire()
             .await
-            .map_err(database("acquiring a connection"))?;
+            .map_err(OpsError::database("acquiring a connection"))?;
         let audit_id = self
             .audit
             .begin(
@@ -328,7 +328,7 @@ impl Ops {
                 ],
             )
             .await
-            .map_err(database("writing the audit row"))?;
+            .map_err(OpsError::database("writing the audit row"))?;
         drop(conn);
         let store = crate::PgRelayStore::new(
             self.pool.clone(),
@@ -368,7 +368,7 @@ impl Ops {
             .pool
             .acquire()
             .await
-            .map_err(database("acquiring a connection"))?;
+            .map_err(OpsError::database("acquiring a connection"))?;
         self.audit
             .finish(
                 &mut conn,
@@ -376,7 +376,7 @@ impl Ops {
                 &serde_json::json!([{"deleted": report.deleted, "keys_deleted": report.keys_deleted}]),
             )
             .await
-            .map_err(database("completing the audit row"))?;
+            .map_err(OpsError::database("completing the audit row"))?;
         report.executed = true;
         report.audit_id = Some(audit_id);
         Ok(report)
@@ -412,7 +412,7 @@ impl Ops {
             .bind(version)
             .fetch_optional(&mut *tx)
             .await
-            .map_err(database("moving a position"))?;
+            .map_err(OpsError::database("moving a position"))?;
         let outcome = match passed {
             Some(_) => IdOutcome {
                 id: target,
@@ -427,7 +427,7 @@ impl Ops {
                         .bind(aggregate_id)
                         .fetch_optional(&mut *tx)
                         .await
-                        .map_err(database("reading a position"))?;
+                        .map_err(OpsError::database("reading a position"))?;
                 IdOutcome {
                     id: target,
                     outcome: "not_at_gap".to_owned(),
@@ -457,12 +457,12 @@ impl Ops {
             .pool
             .begin()
             .await
-            .map_err(database("beginning a repair"))?;
+            .map_err(OpsError::database("beginning a repair"))?;
         let audit_id = self
             .audit
             .begin(&mut tx, request, action, target, ids)
             .await
-            .map_err(database("writing the audit row"))?;
+            .map_err(OpsError::database("writing the audit row"))?;
         Ok((tx, audit_id))
     }
 
@@ -477,8 +477,10 @@ impl Ops {
         self.audit
             .finish(&mut tx, audit_id, &outcomes_json(&outcomes))
             .await
-            .map_err(database("completing the audit row"))?;
-        tx.commit().await.map_err(database("committing a repair"))?;
+            .map_err(OpsError::database("completing the audit row"))?;
+        tx.commit()
+            .await
+            .map_err(OpsError::database("committing a repair"))?;
         Ok(RepairReport { audit_id, outcomes })
     }
 }

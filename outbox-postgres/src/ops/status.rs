@@ -6,7 +6,7 @@ use outbox_core::ops::*;
 use sqlx::{AssertSqlSafe, Row};
 use std::time::Duration;
 
-use super::{Ops, database};
+use super::Ops;
 
 fn age(at: Option<DateTime<Utc>>) -> Option<f64> {
     at.map(|at| (Utc::now() - at).to_std().unwrap_or_default().as_secs_f64())
@@ -21,12 +21,12 @@ impl Ops {
                 .bind(table)
                 .fetch_one(&self.pool)
                 .await
-                .map_err(database("reading table statistics"))?;
+                .map_err(OpsError::database("reading table statistics"))?;
         let mut oldest_pending: Option<DateTime<Utc>> = None;
         let event_types = sqlx::query(AssertSqlSafe(self.sql.per_event_type.as_str()))
             .fetch_all(&self.pool)
             .await
-            .map_err(database("counting per event type"))?
+            .map_err(OpsError::database("counting per event type"))?
             .iter()
             .map(|row| {
                 let oldest: Option<DateTime<Utc>> = row.try_get("oldest_pending")?;
@@ -44,13 +44,13 @@ impl Ops {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(database("reading counts per event type"))?;
+            .map_err(OpsError::database("reading counts per event type"))?;
         let backlog = Backlog::of(&event_types, age(oldest_pending), dead_tuples, live_tuples);
         let blocked = self.blocked(options.blocked_limit).await?;
         let consumers = sqlx::query(AssertSqlSafe(self.sql.consumers.as_str()))
             .fetch_all(&self.pool)
             .await
-            .map_err(database("reading consumers"))?
+            .map_err(OpsError::database("reading consumers"))?
             .iter()
             .map(|row| {
                 Ok(ConsumerStatus {
@@ -68,15 +68,15 @@ impl Ops {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(database("reading consumers"))?;
+            .map_err(OpsError::database("reading consumers"))?;
         let rows = sqlx::query(AssertSqlSafe(self.sql.relay_workers.as_str()))
             .fetch_all(&self.pool)
             .await
-            .map_err(database("reading relay workers"))?;
+            .map_err(OpsError::database("reading relay workers"))?;
         let partitions = match rows.first() {
             Some(row) => row
                 .try_get("partition_count")
-                .map_err(database("reading relay workers"))?,
+                .map_err(OpsError::database("reading relay workers"))?,
             None => 256,
         };
         let relay_workers = rows
@@ -92,7 +92,7 @@ impl Ops {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(database("reading relay workers"))?;
+            .map_err(OpsError::database("reading relay workers"))?;
         let problems = status_problems(&backlog, &blocked, &consumers, options);
         Ok(Status {
             schema: self.schema.to_string(),

@@ -5,7 +5,6 @@ use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{IdOutcome, OpsError, RepairReport};
 use sqlx::{Sqlite, SqliteExecutor, SqlitePool, Transaction};
 
-use super::database;
 use crate::now_ms;
 
 /// Begins a repair's transaction as the writer (`BEGIN IMMEDIATE`), so its
@@ -15,7 +14,7 @@ pub(super) async fn begin_repair(
 ) -> Result<Transaction<'static, Sqlite>, OpsError> {
     pool.begin_with("BEGIN IMMEDIATE")
         .await
-        .map_err(database("beginning a repair"))
+        .map_err(OpsError::database("beginning a repair"))
 }
 
 /// Writes a repair's audit row; returns its id. `ids` is what the repair
@@ -29,7 +28,7 @@ pub(super) async fn open_audit(
 ) -> Result<i64, OpsError> {
     insert_audit(executor, request, action, target, &ids.to_string())
         .await
-        .map_err(database("writing the audit row"))
+        .map_err(OpsError::database("writing the audit row"))
 }
 
 /// The audit row's insert, for the operations API and for the consumer
@@ -66,7 +65,7 @@ pub(super) async fn complete_audit(
         .bind(audit_id)
         .execute(executor)
         .await
-        .map_err(database("completing the audit row"))?;
+        .map_err(OpsError::database("completing the audit row"))?;
     Ok(())
 }
 
@@ -81,6 +80,8 @@ pub(super) async fn close_audit(
         source: sqlx::Error::Encode(e.into()),
     })?;
     complete_audit(&mut *tx, audit_id, &json).await?;
-    tx.commit().await.map_err(database("committing a repair"))?;
+    tx.commit()
+        .await
+        .map_err(OpsError::database("committing a repair"))?;
     Ok(RepairReport { audit_id, outcomes })
 }

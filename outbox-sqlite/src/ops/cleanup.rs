@@ -7,8 +7,8 @@
 use outbox_core::audit::RepairRequest;
 use outbox_core::ops::{Cleanup, CleanupReport, OpsError};
 
+use super::SqliteOps;
 use super::audit_row::{complete_audit, open_audit};
-use super::{SqliteOps, database};
 use crate::{millis, now_ms};
 
 /// Published events and idempotency keys older than their cut-offs.
@@ -51,7 +51,7 @@ impl SqliteOps {
             .bind(keys_before)
             .fetch_one(&self.pool)
             .await
-            .map_err(database("counting old published events and keys"))?;
+            .map_err(OpsError::database("counting old published events and keys"))?;
         let mut report = CleanupReport {
             eligible,
             deleted: 0,
@@ -83,7 +83,7 @@ impl SqliteOps {
                 .bind(batch)
                 .execute(&self.pool)
                 .await
-                .map_err(database("deleting published events"))?
+                .map_err(OpsError::database("deleting published events"))?
                 .rows_affected();
             report.deleted += gone;
             progress(report.deleted, eligible);
@@ -97,7 +97,7 @@ impl SqliteOps {
                 .bind(batch)
                 .execute(&self.pool)
                 .await
-                .map_err(database("deleting idempotency keys"))?
+                .map_err(OpsError::database("deleting idempotency keys"))?
                 .rows_affected();
             report.keys_deleted += gone;
             if gone < batch as u64 {

@@ -15,8 +15,8 @@ use outbox_core::ops::{
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
+use super::SqliteOps;
 use super::audit_row::{begin_repair, close_audit, open_audit};
-use super::{SqliteOps, database};
 use crate::{now_ms, optional_time_column, time_column};
 
 const LETTER_COLUMNS: &str = "id, consumer_name, kind, event_id, event_type, schema_version,
@@ -89,12 +89,12 @@ impl SqliteOps {
             .bind(filter.include_resolved)
             .fetch_all(&self.pool)
             .await
-            .map_err(database("listing letters"))?;
+            .map_err(OpsError::database("listing letters"))?;
         let items = rows
             .iter()
             .map(|row| self.letter_record(row))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(database("reading letters"))?;
+            .map_err(OpsError::database("reading letters"))?;
         Ok(Page::of(items, limit, |l| l.id))
     }
 
@@ -108,10 +108,10 @@ impl SqliteOps {
             .bind(id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading a letter"))?;
+            .map_err(OpsError::database("reading a letter"))?;
         row.map(|row| self.letter_record(&row))
             .transpose()
-            .map_err(database("reading a letter"))
+            .map_err(OpsError::database("reading a letter"))
     }
 
     fn letter_record(&self, row: &SqliteRow) -> Result<LetterRecord, sqlx::Error> {
@@ -163,7 +163,7 @@ impl SqliteOps {
             .bind(aggregate_id)
             .fetch_optional(&self.pool)
             .await
-            .map_err(database("reading a position"))?;
+            .map_err(OpsError::database("reading a position"))?;
         row.map(|row| {
             Ok(PositionRecord {
                 consumer: consumer.to_owned(),
@@ -175,7 +175,7 @@ impl SqliteOps {
             })
         })
         .transpose()
-        .map_err(database("reading a position"))
+        .map_err(OpsError::database("reading a position"))
     }
 
     /// Asks the running consumer to replay open letters of `kind` (it
@@ -254,7 +254,7 @@ impl SqliteOps {
                     .await
             }
         }
-        .map_err(database("repairing letters"))?
+        .map_err(OpsError::database("repairing letters"))?
         .into_iter()
         .collect();
         let states: HashMap<i64, LetterRepairState> = sqlx::query(LETTER_STATES)
@@ -262,7 +262,7 @@ impl SqliteOps {
             .bind(&ids_json)
             .fetch_all(&mut *tx)
             .await
-            .map_err(database("reading letters"))?
+            .map_err(OpsError::database("reading letters"))?
             .iter()
             .map(|row| {
                 Ok((
@@ -275,7 +275,7 @@ impl SqliteOps {
                 ))
             })
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(database("reading letters"))?;
+            .map_err(OpsError::database("reading letters"))?;
         let done = if discard.is_some() {
             "discarded"
         } else {
@@ -326,7 +326,7 @@ impl SqliteOps {
             .bind(now_ms())
             .fetch_optional(&mut *tx)
             .await
-            .map_err(database("moving a position"))?;
+            .map_err(OpsError::database("moving a position"))?;
         let outcome = match passed {
             Some(_) => IdOutcome {
                 id: target,
@@ -343,7 +343,7 @@ impl SqliteOps {
                 .bind(aggregate_id)
                 .fetch_optional(&mut *tx)
                 .await
-                .map_err(database("reading a position"))?;
+                .map_err(OpsError::database("reading a position"))?;
                 IdOutcome {
                     id: target,
                     outcome: "not_at_gap".to_owned(),

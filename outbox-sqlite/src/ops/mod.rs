@@ -13,7 +13,7 @@ mod letters;
 mod reads;
 mod repair;
 
-use outbox_core::ops::{OpsError, Redaction};
+use outbox_core::ops::Redaction;
 use sqlx::SqlitePool;
 
 /// The operations API over the SQLite outbox. Cheap to clone.
@@ -57,10 +57,6 @@ impl SqliteOps {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-}
-
-fn database(doing: &'static str) -> impl FnOnce(sqlx::Error) -> OpsError {
-    move |source| OpsError::Database { doing, source }
 }
 
 outbox_core::operations_store_by_inherent_methods!(SqliteOps);

@@ -11,8 +11,8 @@ use outbox_core::ops::{IdOutcome, OpsError, RepairReport, check_repair_ids};
 use sqlx::{Row, SqliteConnection};
 use uuid::Uuid;
 
+use super::SqliteOps;
 use super::audit_row::{begin_repair, close_audit, open_audit};
-use super::{SqliteOps, database};
 
 /// Failed events back to pending, from the first attempt. Binds: ids.
 const RETRY_FAILED: &str = "
@@ -180,12 +180,12 @@ impl SqliteOps {
         let changed: HashSet<String> = query
             .fetch_all(&mut *tx)
             .await
-            .map_err(database("repairing events"))?
+            .map_err(OpsError::database("repairing events"))?
             .into_iter()
             .collect();
         let statuses = statuses(&mut tx, &ids_json)
             .await
-            .map_err(database("reading event states"))?;
+            .map_err(OpsError::database("reading event states"))?;
         let outcomes: Vec<IdOutcome> = texts
             .into_iter()
             .map(|id| {
