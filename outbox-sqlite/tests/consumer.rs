@@ -263,6 +263,67 @@ async fn a_handler_ok_after_sqlite_ended_its_transaction_is_a_failed_attempt() {
     assert_eq!(applied(&db.pool, "swallow", "b1").await, vec![1]);
 }
 
+/// Every connection the consumer used goes back to the pool able to begin
+/// again (sqlx refuses a `BEGIN` on a connection it counts as inside a
+/// transaction), whether the message committed or SQLite ended its
+/// transaction under the handler (the store then opens an empty one for
+/// sqlx's rollback to end).
+#[tokio::test]
+async fn committed_and_failed_checks_leave_every_pooled_connection_able_to_begin() {
+    let db = setup().await;
+    let broken = Arc::new(AtomicBool::new(true));
+    let strict = consumer(&db.pool, "reuse-strict", config(STRICT), broken.clone());
+    let stale = consumer(
+        &db.pool,
+        "reuse-stale",
+        config(Ordering::RejectStale),
+        broken.clone(),
+    );
+    for version in 1..=12 {
+        let event = note("reuse", version);
+        assert_eq!(
+            strict.handle_envelope(&event).await.unwrap(),
+            Outcome::Applied
+        );
+        assert_eq!(
+            stale.handle_envelope(&event).await.unwrap(),
+            Outcome::Applied
+        );
+        let swallowed =
+            Envelope::for_event(&Noted::new("reuse-swallow", "swallow"), version).unwrap();
+        assert!(
+            matches!(
+                stale.handle_envelope(&swallowed).await.unwrap(),
+                Outcome::Retry { .. }
+            ),
+            "a transaction SQLite ended under the handler is a failed attempt"
+        );
+    }
+    assert_eq!(
+        applied(&db.pool, "reuse-strict", "reuse").await,
+        (1..=12).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        applied(&db.pool, "reuse-stale", "reuse").await,
+        (1..=12).collect::<Vec<_>>()
+    );
+    let mut held = Vec::new();
+    for _ in 0..db.pool.size() {
+        let mut conn = db.pool.acquire().await.unwrap();
+        let tx = conn
+            .begin_with("BEGIN")
+            .await
+            .expect("a pooled connection the consumer used begins again");
+        tx.rollback().await.unwrap();
+        held.push(conn);
+    }
+    assert!(
+        held.len() > 1,
+        "the consumer used {} connections",
+        held.len()
+    );
+}
+
 #[tokio::test]
 async fn an_operators_replay_request_is_run_by_the_consumer_and_audited() {
     let db = setup().await;
