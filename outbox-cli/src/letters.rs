@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::audit::RepairRequest;
-use outbox_core::ops::format::{ErrorGroup, GROUP_SCAN, error_fingerprint, group_by_error};
+use outbox_core::ops::format::{ErrorGroup, GROUP_SCAN, group_by_error};
+use outbox_core::ops::scan::{self, LetterScan, REPAIR_SCAN};
 use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord, LetterStore, Page, RepairReport};
 use serde::Serialize;
 
@@ -14,75 +15,22 @@ use crate::output::{Output, confirm, ops_error, print_next, print_report, repair
 use crate::table::{Table, age, cut, opt, when};
 use crate::{EXIT_OK, EXIT_PROBLEMS, Outcome};
 
-/// The most letters a repair by fingerprint reads looking for its
-/// letters.
-const REPAIR_SCAN: usize = 100_000;
-
-/// What a scan of letters found.
-pub(crate) struct Scan {
-    /// The letters kept, oldest first.
-    pub(crate) letters: Vec<LetterRecord>,
-    /// The last letter read, when the scan stopped with more letters after
-    /// it (the cursor to go on from); `None` when it read to the end.
-    pub(crate) stopped_at: Option<i64>,
-}
-
-/// Reads the letters matching `filter` from its `after` on, oldest first,
-/// keeping those whose reason has `fingerprint` (every one without), until
-/// `want` are kept or `max_read` were read.
+/// [`scan::scan_letters`] through `ops`, its errors worded for the tool.
 pub(crate) async fn scan_letters(
     ops: &impl LetterStore,
-    mut filter: LetterFilter,
+    filter: LetterFilter,
     fingerprint: Option<&str>,
     want: usize,
     max_read: usize,
-) -> Result<Scan, String> {
-    let mut letters = Vec::new();
-    let mut read = 0;
-    filter.limit = Some(1000);
-    loop {
-        let page = ops.letters(&filter).await.map_err(ops_error)?;
-        let count = page.items.len();
-        for (index, letter) in page.items.into_iter().enumerate() {
-            read += 1;
-            let id = letter.id;
-            if fingerprint.is_none_or(|f| error_fingerprint(&letter.reason) == f) {
-                letters.push(letter);
-            }
-            if letters.len() >= want || read >= max_read {
-                let more = if index + 1 < count {
-                    true
-                } else if page.next.is_some() {
-                    // A full page: look whether anything follows it.
-                    let probe = LetterFilter {
-                        after: Some(id),
-                        limit: Some(1),
-                        ..filter.clone()
-                    };
-                    !ops.letters(&probe)
-                        .await
-                        .map_err(ops_error)?
-                        .items
-                        .is_empty()
-                } else {
-                    false
-                };
-                return Ok(Scan {
-                    letters,
-                    stopped_at: more.then_some(id),
-                });
-            }
-        }
-        match page.next {
-            Some(next) => filter.after = Some(next),
-            None => {
-                return Ok(Scan {
-                    letters,
-                    stopped_at: None,
-                });
-            }
-        }
-    }
+) -> Result<LetterScan, String> {
+    scan::scan_letters(
+        |filter| async move { ops.letters(&filter).await.map_err(ops_error) },
+        filter,
+        fingerprint,
+        want,
+        max_read,
+    )
+    .await
 }
 
 /// A fingerprint as given, trimmed and in lower case (as printed).
@@ -270,21 +218,16 @@ pub(crate) async fn letters(
                 // filling up ends at the last one read, and the next page
                 // goes on from there.
                 let page_size = outbox_core::ops::page_limit(limit) as usize;
-                let scan = scan_letters(
-                    ops,
+                let fingerprint = fingerprint.unwrap_or_default();
+                let page = scan::fingerprint_page(
+                    |filter| async move { ops.letters(&filter).await.map_err(ops_error) },
                     filter,
-                    fingerprint.as_deref(),
-                    page_size + 1,
+                    &fingerprint,
+                    page_size,
                     GROUP_SCAN,
                 )
                 .await?;
-                let mut items = scan.letters;
-                let next = if items.len() > page_size {
-                    items.truncate(page_size);
-                    items.last().map(|l| l.id)
-                } else {
-                    scan.stopped_at
-                };
+                let (items, next) = (page.letters, page.next);
                 print_letters(out, &Page { items, next });
             }
             Ok(EXIT_OK)

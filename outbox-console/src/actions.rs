@@ -253,7 +253,7 @@ async fn targets<S: ConsoleStore>(
         let mut filter = letter_filter(&consumer, kind, fields)?;
         filter.include_resolved = false;
         let letters = match fields.get("fingerprint") {
-            Some(fingerprint) => group_members(store, filter, fingerprint).await?,
+            Some(fingerprint) => group_members(store, filter, fingerprint, limit).await?,
             None => scan(store, filter).await?.0,
         };
         letters

@@ -728,6 +728,138 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
     db.drop_schema().await;
 }
 
+/// Inserts `count` open dead letters of consumer `bulk` with reasons
+/// `reason(n)`, after the ones already there.
+async fn bulk_letters(db: &TestDb, count: i64, reason: &str) {
+    db.execute(&format!(
+        "INSERT INTO {{s}}.outbox_dead_letters
+            (consumer_name, kind, event_id, event_type, schema_version, aggregate_type,
+             aggregate_id, aggregate_version, payload, reason, attempts)
+         SELECT 'bulk', 'dead_lettered', gen_random_uuid(), 'tick', 1, 'counter',
+                'agg-' || n, 1, convert_to('{{}}', 'UTF8'), {reason}, 1
+         FROM generate_series(1, {count}) AS n
+         ORDER BY n"
+    ))
+    .await;
+}
+
+/// The `href` of the element with `id` on `page`, unescaped.
+fn href_of(page: &outbox_tests::console::Page, id: &str) -> Option<String> {
+    let at = page.body.find(&format!("id=\"{id}\""))?;
+    let rest = &page.body[at..];
+    let start = rest.find("href=\"")? + "href=\"".len();
+    let end = start + rest[start..].find('"')?;
+    Some(rest[start..end].replace("&amp;", "&"))
+}
+
+/// Letter ids (`/consumers/bulk/dead_lettered/ID` links) in a group page's
+/// table.
+fn letter_ids_on(page: &outbox_tests::console::Page) -> Vec<i64> {
+    let table = &page.body[page.body.find("id=\"letters\"").expect("a letters table")..];
+    let table = &table[..table.find("</table>").unwrap()];
+    let marker = "type=\"checkbox\" name=\"id\" value=\"";
+    table
+        .match_indices(marker)
+        .map(|(at, m)| {
+            let rest = &table[at + m.len()..];
+            rest[..rest.find('"').unwrap()].parse().unwrap()
+        })
+        .collect()
+}
+
+/// One failure's letters behind more letters of another than a grouping
+/// reads: its group pages go on from where the last one stopped (a page
+/// cut short by the read bound says so and links on), page by page to the
+/// last, and an action by fingerprint finds them, as the tool's
+/// `--fingerprint` does.
+#[tokio::test]
+async fn a_failures_letters_are_paged_and_acted_on_past_the_grouping_scan() {
+    let db = TestDb::new().await;
+    bulk_letters(&db, 5_010, "'the ledger is closed'").await;
+    bulk_letters(
+        &db,
+        130,
+        "'the card processor refused the charge of order ' || n",
+    )
+    .await;
+    let router = console(&db);
+    let groups = get(&router, "/consumers/bulk/dead_lettered")
+        .await
+        .expect(StatusCode::OK);
+    assert!(groups.body.contains("id=\"truncated\""), "{}", groups.body);
+    let refused = outbox_core::ops::format::error_fingerprint(
+        "the card processor refused the charge of order 7",
+    );
+    assert!(
+        !groups.body.contains(&refused),
+        "the grouping reads the oldest 5,000 letters only"
+    );
+
+    // The first page read 5,000 letters of the other failure and found
+    // none of this one: it says so and links on.
+    let mut page = get(
+        &router,
+        &format!(
+            "/consumers/bulk/dead_lettered?fingerprint={}",
+            refused.to_uppercase()
+        ),
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(page.body.contains("id=\"cut-short\""), "{}", page.body);
+    let mut seen = letter_ids_on(&page);
+    assert!(seen.is_empty());
+    let mut sizes = Vec::new();
+    while let Some(next) = href_of(&page, "next-page") {
+        page = get(&router, &next).await.expect(StatusCode::OK);
+        let ids = letter_ids_on(&page);
+        sizes.push(ids.len());
+        seen.extend(ids);
+        assert!(sizes.len() < 5, "the pages never end: {sizes:?}");
+    }
+    assert_eq!(sizes, vec![100, 30], "pages of 100, then the rest");
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "oldest first, no repeats"
+    );
+    let first_card: i64 = db
+        .scalar(
+            "SELECT min(id) FROM {s}.outbox_dead_letters WHERE reason LIKE 'the card processor%'",
+        )
+        .await;
+    assert_eq!(seen[0], first_card);
+    assert_eq!(seen.len(), 130);
+
+    // An action by fingerprint reads as far as the tool's repairs do.
+    let csrf = page.csrf();
+    let preview = post(
+        &router,
+        "/actions/preview",
+        &[
+            ("action", "discard"),
+            ("by", "filter"),
+            ("consumer", "bulk"),
+            ("kind", "dead_lettered"),
+            ("fingerprint", &refused),
+            ("limit", "120"),
+            ("csrf", &csrf),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(
+        preview.body.contains("Discard 120 letters?"),
+        "{}",
+        preview.body
+    );
+    let previewed = preview
+        .body
+        .matches("type=\"hidden\" name=\"id\" value=\"")
+        .count();
+    assert_eq!(previewed, 120);
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn a_read_only_console_shows_everything_and_refuses_every_action() {
     let db = TestDb::new().await;

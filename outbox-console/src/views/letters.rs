@@ -7,7 +7,8 @@ use axum::Extension;
 use axum::extract::{Path, RawQuery, State};
 use maud::{Markup, html};
 use outbox_core::ops::format::{ErrorGroup, error_fingerprint, group_by_error};
-use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord};
+use outbox_core::ops::scan::{FingerprintPage, REPAIR_SCAN, fingerprint_page, scan_letters};
+use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord, Page};
 
 use super::{audit_table, csrf_field, cut, frame, history, json, maybe_time, seg, time};
 use crate::form::{Fields, query};
@@ -59,45 +60,65 @@ pub(crate) fn letter_filter(
     })
 }
 
+/// How many letters of one failure a group page shows.
+pub(crate) const GROUP_PAGE: usize = 100;
+
+/// One page of the store's letters, for a scan.
+async fn letters_of<S: ConsoleStore>(
+    store: &S,
+    filter: LetterFilter,
+) -> Result<Page<LetterRecord>, ConsoleError> {
+    store.letters(&filter).await
+}
+
 /// The letters matching `filter` (up to [`GROUP_SCAN`], oldest first) and
 /// whether there were more.
 pub(crate) async fn scan<S: ConsoleStore>(
     store: &S,
-    mut filter: LetterFilter,
+    filter: LetterFilter,
 ) -> Result<(Vec<LetterRecord>, bool), ConsoleError> {
-    let mut letters = Vec::new();
-    loop {
-        let page = store.letters(&filter).await?;
-        letters.extend(page.items);
-        match page.next {
-            Some(next) if letters.len() < GROUP_SCAN => filter.after = Some(next),
-            Some(next) => {
-                // A full last page: look whether anything follows it.
-                filter.after = Some(next);
-                filter.limit = Some(1);
-                let more = !store.letters(&filter).await?.items.is_empty();
-                return Ok((letters, more));
-            }
-            None => return Ok((letters, false)),
-        }
-    }
+    let scan = scan_letters(
+        |filter| letters_of(store, filter),
+        filter,
+        None,
+        usize::MAX,
+        GROUP_SCAN,
+    )
+    .await?;
+    Ok((scan.letters, scan.stopped_at.is_some()))
 }
 
-/// The letters of one fingerprint among those matching `filter`, oldest
-/// first.
+/// The oldest `limit` letters of one fingerprint among those matching
+/// `filter` (reading at most [`REPAIR_SCAN`], as the tool's repairs do).
 pub(crate) async fn group_members<S: ConsoleStore>(
     store: &S,
     filter: LetterFilter,
     fingerprint: &str,
+    limit: usize,
 ) -> Result<Vec<LetterRecord>, ConsoleError> {
-    let (letters, _) = scan(store, filter).await?;
-    Ok(letters
-        .into_iter()
-        .filter(|l| error_fingerprint(&l.reason) == fingerprint)
-        .collect())
+    let fingerprint = fingerprint.trim().to_ascii_lowercase();
+    let scan = scan_letters(
+        |filter| letters_of(store, filter),
+        filter,
+        Some(&fingerprint),
+        limit,
+        REPAIR_SCAN,
+    )
+    .await?;
+    Ok(scan.letters)
 }
 
-/// The grouped listing, or one group's letters with `?fingerprint=`.
+/// What a letters listing shows.
+enum Shown {
+    /// The failures, grouped, and whether more letters matched than were
+    /// grouped.
+    Groups(Vec<ErrorGroup>, bool),
+    /// One page of one failure's letters, and whether it is a later page.
+    Group(FingerprintPage, bool),
+}
+
+/// The grouped listing, or one group's letters with `?fingerprint=` (a
+/// page at a time with `&after=`).
 pub(crate) async fn list<S: ConsoleStore>(
     State(shared): Ctx<S>,
     Extension(operator): Extension<Operator>,
@@ -110,15 +131,33 @@ pub(crate) async fn list<S: ConsoleStore>(
     }
     let fields = Fields::parse(raw.unwrap_or_default().as_bytes());
     let filter = letter_filter(&consumer, kind, &fields)?;
-    let (letters, more) = scan(&shared.store, filter).await?;
     let base = &shared.base;
     let here = format!("{base}/consumers/{}/{}", seg(&consumer), kind.as_str());
     let kept: Vec<(&str, String)> = FILTER_FIELDS
         .iter()
         .map(|name| (*name, fields.get(name).unwrap_or_default().to_owned()))
         .collect();
-    let groups = group_by_error(&letters);
-    let selected = fields.get("fingerprint");
+    let selected = fields
+        .get("fingerprint")
+        .map(|f| f.trim().to_ascii_lowercase());
+    let shown = match &selected {
+        None => {
+            let (letters, more) = scan(&shared.store, filter).await?;
+            Shown::Groups(group_by_error(&letters), more)
+        }
+        Some(fingerprint) => {
+            let after = fields.number("after")?;
+            let page = fingerprint_page(
+                |filter| letters_of(&shared.store, filter),
+                LetterFilter { after, ..filter },
+                fingerprint,
+                GROUP_PAGE,
+                GROUP_SCAN,
+            )
+            .await?;
+            Shown::Group(page, after.is_some())
+        }
+    };
     let title = match kind {
         LetterKind::Quarantined => format!("Quarantine of {consumer}"),
         LetterKind::DeadLettered => format!("Dead letters of {consumer}"),
@@ -134,15 +173,31 @@ pub(crate) async fn list<S: ConsoleStore>(
             label { "closed too" input type="checkbox" name="resolved" value="1" checked[fields.get("resolved").is_some()]; }
             button type="submit" { "Filter" }
         }
-        @if more {
-            p.note #truncated { "Grouped over the oldest " (GROUP_SCAN) " matching letters; narrow the filter to see the rest." }
-        }
-        @match selected {
-            None => (group_table(&here, &kept, &groups)),
-            Some(fingerprint) => {
-                @let members: Vec<&LetterRecord> = letters.iter().filter(|l| error_fingerprint(&l.reason) == fingerprint).collect();
-                p { a href={ (here) "?" (query(kept.iter().cloned())) } { "All failures" } }
-                (group_letters(&shared, &operator, &here, &kept, fingerprint, kind, &consumer, &members))
+        @match &shown {
+            Shown::Groups(groups, more) => {
+                @if *more {
+                    p.note #truncated { "Grouped over the oldest " (GROUP_SCAN) " matching letters; narrow the filter to see the rest." }
+                }
+                (group_table(&here, &kept, groups))
+            }
+            Shown::Group(page, paged) => {
+                @let fingerprint = selected.as_deref().unwrap_or_default();
+                @let with_fingerprint = || kept.iter().cloned().chain([("fingerprint", fingerprint.to_owned())]);
+                p {
+                    a href={ (here) "?" (query(kept.iter().cloned())) } { "All failures" }
+                    @if *paged {
+                        " · " a href={ (here) "?" (query(with_fingerprint())) } { "The oldest of this failure" }
+                    }
+                }
+                (group_letters(&shared, &operator, &here, &kept, fingerprint, kind, &consumer, &page.letters))
+                @if page.cut_short {
+                    p.note #cut-short { "Read " (GROUP_SCAN) " matching letters for this page; more of this failure may follow." }
+                }
+                @if let Some(next) = page.next {
+                    p #next-page {
+                        a href={ (here) "?" (query(with_fingerprint().chain([("after", next.to_string())]))) } { "Next " (GROUP_PAGE) " of this failure" }
+                    }
+                }
             }
         }
     };
@@ -186,11 +241,10 @@ fn group_letters<S: ConsoleStore>(
     fingerprint: &str,
     kind: LetterKind,
     consumer: &str,
-    members: &[&LetterRecord],
+    members: &[LetterRecord],
 ) -> Markup {
     let base = &shared.base;
     let selectable = !shared.read_only && members.iter().any(|l| l.resolved_at.is_none());
-    let shown = &members[..members.len().min(500)];
     html! {
         form.confirm method="post" action={ (base) "/actions/preview" } {
             (csrf_field(shared, operator))
@@ -202,7 +256,7 @@ fn group_letters<S: ConsoleStore>(
                     th { "letter" } th { "event" } th { "aggregate" } th.num { "version" } th { "reason" } th.num { "attempts" } th { "at" } th { "state" }
                 } }
                 tbody {
-                    @for l in shown {
+                    @for l in members {
                         tr {
                             @if selectable { td { @if l.resolved_at.is_none() { input type="checkbox" name="id" value=(l.id); } } }
                             td { a href={ (here) "/" (l.id) } { (l.id) } }
@@ -217,7 +271,6 @@ fn group_letters<S: ConsoleStore>(
                     }
                 }
             }
-            @if members.len() > shown.len() { p.note { "Showing the oldest " (shown.len()) " of " (members.len()) "." } }
             @if selectable {
                 div.actions {
                     "With the ticked letters: "

@@ -12,12 +12,15 @@
 //!   [`Redaction`].
 //! - [`format`](mod@format): ages, partitions and error fingerprints worded as the CLI and the
 //!   console show them.
+//! - [`scan`]: a consumer's letters of one failure (fingerprint), a page
+//!   at a time, for the CLI's and the console's listings and repairs.
 
 pub mod format;
 mod outcome;
 mod records;
 mod redaction;
 mod repair;
+pub mod scan;
 mod status;
 mod store;
 
