@@ -38,6 +38,12 @@ const SECRET: u64 = 4_111_999_988_887_777;
 /// broker refuses the first versions of `ch-1` and `ch-2` leaves them.
 /// Returns the two failed ids.
 async fn seed_failed(db: &TestDb) -> (Uuid, Uuid) {
+    seed_failed_publishing(db).await.0
+}
+
+/// As [`seed_failed`], with the envelopes the relay handed its transport
+/// for the events it published.
+async fn seed_failed_publishing(db: &TestDb) -> ((Uuid, Uuid), Vec<Envelope>) {
     let charge = |id: &str| CardCharged {
         charge_id: id.into(),
         card_number: SECRET,
@@ -72,7 +78,7 @@ async fn seed_failed(db: &TestDb) -> (Uuid, Uuid) {
         config.failed_head_policy,
         config.claim_timeout,
     );
-    let relay = Relay::start(store, transport, config, "console")
+    let relay = Relay::start(store, transport.clone(), config, "console")
         .await
         .unwrap();
     wait::until(
@@ -103,7 +109,7 @@ async fn seed_failed(db: &TestDb) -> (Uuid, Uuid) {
             .unwrap()
             .id
     };
-    (id_of("ch-1"), id_of("ch-2"))
+    ((id_of("ch-1"), id_of("ch-2")), transport.published())
 }
 
 /// Three dead letters of consumer `billing` with one failure (the handler
@@ -220,7 +226,7 @@ fn no_secret(path: &str, body: &str) {
 #[tokio::test]
 async fn every_view_shows_the_incident_with_payloads_redacted() {
     let db = TestDb::new().await;
-    let (head, other) = seed_failed(&db).await;
+    let ((head, other), published) = seed_failed_publishing(&db).await;
     seed_dead_letters(&db).await;
     seed_quarantine(&db).await;
     seed_card_letter(&db).await;
@@ -283,6 +289,26 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
         event.body.contains("&quot;amount_cents&quot;: 1250")
             || event.body.contains("\"amount_cents\": 1250")
     );
+    // The attributes shown are those the relay published the event with
+    // (all but the transport's own `source` and `dataschema`).
+    let [sent] = published.as_slice() else {
+        panic!("one event published: {published:?}")
+    };
+    let shown = get(&router, &format!("/events/{}", sent.id))
+        .await
+        .expect(StatusCode::OK);
+    let attributes = sent.cloudevents_attributes("/console-test");
+    let rows = shown.body.matches("<tr><td><code>").count();
+    assert_eq!(rows, attributes.len() - 2, "{}", shown.body);
+    for (name, value) in attributes {
+        let row = format!("<tr><td><code>{name}</code></td><td><code>{value}</code></td></tr>");
+        assert_eq!(
+            shown.body.contains(&row),
+            name != "source" && name != "dataschema",
+            "{row} in {}",
+            shown.body
+        );
+    }
     let blocked = get(&router, "/blocked").await.expect(StatusCode::OK);
     assert!(blocked.body.contains("card / ch-1") && blocked.body.contains(&head.to_string()));
 

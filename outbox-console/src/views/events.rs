@@ -5,6 +5,8 @@ use axum::Extension;
 use axum::extract::{Path, RawQuery, State};
 use maud::{Markup, html};
 use outbox_core::ops::{EventFilter, EventRecord, EventStatus, page_limit};
+use outbox_core::{Envelope, ce};
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use super::{audit_table, csrf_field, cut, frame, history, json, maybe_time, time};
@@ -187,6 +189,33 @@ pub(crate) async fn detail<S: ConsoleStore>(
     Ok(frame(&shared, &operator, &format!("Event {id}"), body))
 }
 
+/// The CloudEvents attributes the relay publishes `e` with that follow
+/// from the event alone (the envelope's own mapping, as every transport
+/// uses it; `source` and `dataschema` come from the transport's
+/// configuration and are left out).
+fn published_attributes(e: &EventRecord) -> Vec<(&'static str, String)> {
+    let Ok(schema_version) = u32::try_from(e.schema_version) else {
+        return Vec::new();
+    };
+    let envelope = Envelope {
+        id: e.id,
+        event_type: e.event_type.clone(),
+        schema_version,
+        aggregate_type: e.aggregate_type.clone(),
+        aggregate_id: e.aggregate_id.clone(),
+        aggregate_version: e.aggregate_version,
+        // The relay publishes the row's creation time as the event's.
+        occurred_at: e.created_at,
+        traceparent: e.traceparent.clone(),
+        payload: RawValue::NULL.to_owned(),
+    };
+    envelope
+        .cloudevents_attributes("")
+        .into_iter()
+        .filter(|(name, _)| *name != ce::SOURCE && *name != ce::DATASCHEMA)
+        .collect()
+}
+
 fn event_detail<S: ConsoleStore>(
     shared: &Shared<S>,
     operator: &Operator,
@@ -213,6 +242,16 @@ fn event_detail<S: ConsoleStore>(
             dt { "last error" } dd #last-error { (e.last_error.as_deref().unwrap_or("-")) }
             dt { "traceparent" } dd { code { (e.traceparent.as_deref().unwrap_or("-")) } }
         }
+        h2 { "Attributes it is published with" }
+        table #attributes {
+            thead { tr { th { "CloudEvents attribute" } th { "value" } } }
+            tbody {
+                @for (name, value) in published_attributes(e) {
+                    tr { td { code { (name) } } td { code { (value) } } }
+                }
+            }
+        }
+        p.note { "Plus " code { "source" } " and " code { "dataschema" } ", which the relay's transport sets from its configuration; each broker carries these under its own header names." }
         h2 { "Payload (redacted)" }
         (json(&e.payload))
         @if !actions.is_empty() {
