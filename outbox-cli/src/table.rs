@@ -3,6 +3,8 @@
 //! crate: fixed, terminal-independent output is what the golden tests and
 //! scripts that grep it need, and it is a few lines.
 
+use outbox_core::ops::format;
+
 /// A table being built.
 pub(crate) struct Table {
     header: Vec<String>,
@@ -62,22 +64,16 @@ pub(crate) fn opt<T: std::fmt::Display>(value: &Option<T>) -> String {
 /// An age in seconds as a short duration (`42s`, `3m 12s`, `2h 5m`, `3d 4h`),
 /// worded as the console words it.
 pub(crate) fn age(seconds: Option<f64>) -> String {
-    outbox_core::ops::format::short_age(seconds)
+    format::short_age(seconds)
 }
 
-/// A long text cut to `max` characters with `…`.
+/// A long text on one line, cut to `max` characters with `…`.
 pub(crate) fn cut(text: &str, max: usize) -> String {
-    let single: String = text.replace(['\n', '\r'], " ");
-    if single.chars().count() <= max {
-        single
-    } else {
-        let mut cut: String = single.chars().take(max.saturating_sub(1)).collect();
-        cut.push('…');
-        cut
-    }
+    let line = format::one_line(text);
+    format::cut_chars(&line, max).unwrap_or(line)
 }
 
 /// A point in time as tables show it (UTC, to the second).
 pub(crate) fn when(at: &chrono::DateTime<chrono::Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+    format::utc_time(at)
 }

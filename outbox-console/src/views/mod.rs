@@ -11,7 +11,7 @@ pub(crate) mod status;
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 use outbox_core::ops::AuditRecord;
-use outbox_core::ops::format::short_age;
+use outbox_core::ops::format::{self, short_age};
 
 use crate::{ConsoleStore, Operator, Shared};
 
@@ -70,7 +70,7 @@ pub(crate) fn home(base: &str) -> String {
 /// A point in time: UTC in the HTML, the viewer's zone once the script ran.
 pub(crate) fn time(at: &DateTime<Utc>) -> Markup {
     html! {
-        time datetime=(at.to_rfc3339()) { (at.format("%Y-%m-%d %H:%M:%S UTC")) }
+        time datetime=(at.to_rfc3339()) { (format::utc_time(at)) }
     }
 }
 
@@ -122,12 +122,10 @@ pub(crate) fn csrf_field<S>(shared: &Shared<S>, operator: &Operator) -> Markup {
 
 /// Text cut to `max` characters, the whole of it in the title.
 pub(crate) fn cut(text: &str, max: usize) -> Markup {
-    let single = text.replace(['\n', '\r'], " ");
-    if single.chars().count() <= max {
-        html! { (single) }
-    } else {
-        let short: String = single.chars().take(max.saturating_sub(1)).collect();
-        html! { span title=(single) { (short) "…" } }
+    let line = format::one_line(text);
+    match format::cut_chars(&line, max) {
+        None => html! { (line) },
+        Some(short) => html! { span title=(line) { (short) } },
     }
 }
 

@@ -1,7 +1,8 @@
 //! How operator tools word what the operations API returns, shared by the
 //! `outbox` CLI and the web console so they say the same thing: ages as
-//! short durations, partitions as ranges, and error texts reduced to a fingerprint so that the
-//! same failure of many messages shows once, with a count.
+//! short durations, times in UTC, long texts cut to one short line,
+//! partitions as ranges, and error texts reduced to a fingerprint so that
+//! the same failure of many messages shows once, with a count.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -22,6 +23,28 @@ pub fn short_age(seconds: Option<f64>) -> String {
         3600..=86_399 => format!("{}h {}m", s / 3600, (s % 3600) / 60),
         _ => format!("{}d {}h", s / 86_400, (s % 86_400) / 3600),
     }
+}
+
+/// A point in time as tables show it: UTC, to the second
+/// (`2026-12-06 10:40:00 UTC`).
+pub fn utc_time(at: &DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+/// `text` on one line: line breaks become spaces.
+pub fn one_line(text: &str) -> String {
+    text.replace(['\n', '\r'], " ")
+}
+
+/// `line` cut to `max` characters, the last of them `…`; `None` when it
+/// fits.
+pub fn cut_chars(line: &str, max: usize) -> Option<String> {
+    if line.chars().count() <= max {
+        return None;
+    }
+    let mut cut: String = line.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    Some(cut)
 }
 
 /// Partitions as ranges, ascending input: `0-3, 8, 10-12`; empty for none.
@@ -196,6 +219,16 @@ mod tests {
         assert_eq!(short_age(Some(192.0)), "3m 12s");
         assert_eq!(short_age(Some(7_500.0)), "2h 5m");
         assert_eq!(short_age(Some(273_600.0)), "3d 4h");
+    }
+
+    #[test]
+    fn long_texts_are_one_cut_line_and_times_utc() {
+        assert_eq!(one_line("a\nb\r\nc"), "a b  c");
+        assert_eq!(cut_chars("short", 5), None);
+        assert_eq!(cut_chars("é longer", 4).as_deref(), Some("é l…"));
+        use chrono::TimeZone;
+        let at = Utc.with_ymd_and_hms(2026, 12, 6, 10, 40, 5).unwrap();
+        assert_eq!(utc_time(&at), "2026-12-06 10:40:05 UTC");
     }
 
     fn letter(id: i64, reason: &str, minute: u32) -> LetterRecord {
