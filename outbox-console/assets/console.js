@@ -21,6 +21,9 @@ document.addEventListener("DOMContentLoaded", function () {
     input.form.addEventListener("submit", function () {
       var text = input.value.trim();
       if (!text || /[zZ]$|[+-]\d\d:\d\d$/.test(text)) return;
+      // A date alone is the start of that day here (JavaScript would read
+      // "2026-12-06" as UTC midnight).
+      if (/^\d{4}-\d{2}-\d{2}$/.test(text)) text += "T00:00";
       var at = new Date(text.replace(" ", "T"));
       if (!isNaN(at.getTime())) input.value = at.toISOString();
     });

@@ -1,7 +1,7 @@
 //! Form bodies and query strings as the ordered pairs they are (a form may
 //! repeat a field: one `id` per ticked row).
 
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 
 use crate::ConsoleError;
 
@@ -66,6 +66,12 @@ impl Fields {
         ]
         .iter()
         .find_map(|format| NaiveDateTime::parse_from_str(text, format).ok())
+        .or_else(|| {
+            // A date alone: the start of that day.
+            NaiveDate::parse_from_str(text, "%Y-%m-%d")
+                .ok()
+                .and_then(|day| day.and_hms_opt(0, 0, 0))
+        })
         .map(|at| Some(at.and_utc()))
         .ok_or_else(|| {
             ConsoleError::BadRequest(format!(
@@ -99,6 +105,13 @@ mod tests {
             "2026-12-06T05:40:00+00:00"
         );
         assert!(fields.number("limit").is_err());
+        let day = Fields::parse(b"since=2026-12-06&until=06.12.2026");
+        assert_eq!(
+            day.time("since").unwrap().unwrap().to_rfc3339(),
+            "2026-12-06T00:00:00+00:00",
+            "a date alone is the start of that day"
+        );
+        assert!(day.time("until").is_err());
         assert_eq!(query([("a", "x y".into()), ("b", String::new())]), "a=x+y");
     }
 }

@@ -1,8 +1,10 @@
 //! What the console needs of a store: the relay side of the operations
 //! seam ([`OperationsStore`]) and, where the store keeps a consumer's
 //! tables, the consumer's letters ([`outbox_core::ops::LetterStore`]):
-//! PostgreSQL ([`Ops`]) and SQLite do; MySQL keeps none yet, and its
-//! console says so instead of showing empty lists.
+//! PostgreSQL ([`Ops`]), SQLite and MySQL all do (features `sqlite` and
+//! `mysql`). A store of your own without consumer tables answers `false`
+//! from [`ConsoleStore::keeps_letters`], and its letter pages say so (404)
+//! instead of showing empty lists.
 
 use std::future::Future;
 

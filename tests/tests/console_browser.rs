@@ -291,6 +291,41 @@ async fn an_operator_finds_inspects_and_repairs_an_incident_in_the_browser() {
         );
     }
 
+    // A date alone is the start of that day in the viewer's zone, sent as
+    // UTC (JavaScript alone would read it as UTC midnight).
+    let today = (chrono::Utc::now() + chrono::Duration::minutes(330)).date_naive();
+    client
+        .goto(&format!("{base}/events?status=failed"))
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("input[name=since]"))
+        .await
+        .unwrap()
+        .send_keys(&today.to_string())
+        .await
+        .unwrap();
+    click(client, "form.filters button[type=submit]").await;
+    submitted(client, "since=").await;
+    let url = client.current_url().await.unwrap();
+    let sent = url
+        .query_pairs()
+        .find(|(name, _)| name == "since")
+        .map(|(_, value)| value.into_owned());
+    let local_midnight =
+        today.and_hms_opt(0, 0, 0).unwrap().and_utc() - chrono::Duration::minutes(330);
+    assert_eq!(
+        sent.as_deref(),
+        Some(
+            local_midnight
+                .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+                .to_string()
+                .as_str()
+        ),
+        "{url}"
+    );
+    assert!(shown(client, "main").await.contains("card / ch-1"));
+
     // ---- Inspected: the blocked aggregate's head, payload redacted.
     click(client, "header nav a[href='/blocked']").await;
     let blocked = shown(client, "table#blocked tbody").await;

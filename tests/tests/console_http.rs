@@ -266,6 +266,13 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
         .expect(StatusCode::OK);
     assert!(paged.body.contains(&head.to_string()), "oldest first");
     assert!(!paged.body.contains(&other.to_string()));
+    assert!(
+        paged
+            .body
+            .contains("<select name=\"limit\"><option value=\"1\" selected>1</option>"),
+        "the filter form keeps the page size: {}",
+        paged.body
+    );
     let next = {
         let marker = "id=\"next\" href=\"";
         let start = paged.body.find(marker).expect("a full page links the next") + marker.len();
@@ -653,6 +660,27 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
     .await
     .expect(StatusCode::OK);
     let csrf = group.csrf();
+
+    // Every letter, paged as the tool's `list --limit 2 --after ID`.
+    let every = href_of(&listing, "list-all").expect("a link to every letter");
+    let mut page = get(&router, &format!("{every}&limit=2"))
+        .await
+        .expect(StatusCode::OK);
+    let mut pages = vec![letter_ids_on(&page)];
+    while let Some(next) = href_of(&page, "next-page") {
+        assert!(
+            next.contains("list=1") && next.contains("limit=2"),
+            "{next}"
+        );
+        page = get(&router, &next).await.expect(StatusCode::OK);
+        pages.push(letter_ids_on(&page));
+    }
+    assert_eq!(
+        pages.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![2, 1],
+        "{pages:?}"
+    );
+    assert!(pages.concat().windows(2).all(|w| w[0] < w[1]));
     let preview = post(
         &router,
         "/actions/preview",

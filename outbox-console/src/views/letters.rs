@@ -8,7 +8,7 @@ use axum::extract::{Path, RawQuery, State};
 use maud::{Markup, html};
 use outbox_core::ops::format::{ErrorGroup, error_fingerprint, group_by_error};
 use outbox_core::ops::scan::{FingerprintPage, REPAIR_SCAN, fingerprint_page, scan_letters};
-use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord, Page};
+use outbox_core::ops::{LetterFilter, LetterKind, LetterRecord, Page, page_limit};
 
 use super::{audit_table, csrf_field, cut, frame, history, json, maybe_time, seg, time};
 use crate::form::{Fields, query};
@@ -115,10 +115,14 @@ enum Shown {
     Groups(Vec<ErrorGroup>, bool),
     /// One page of one failure's letters, and whether it is a later page.
     Group(FingerprintPage, bool),
+    /// One page of every matching letter (`?list=1`), oldest first, and
+    /// whether it is a later page.
+    List(Page<LetterRecord>, bool),
 }
 
-/// The grouped listing, or one group's letters with `?fingerprint=` (a
-/// page at a time with `&after=`).
+/// The grouped listing, one group's letters with `?fingerprint=` (a page
+/// at a time with `&after=`), or every matching letter with `?list=1`
+/// (paged by `&after=` and `&limit=`, as the tool's `list`).
 pub(crate) async fn list<S: ConsoleStore>(
     State(shared): Ctx<S>,
     Extension(operator): Extension<Operator>,
@@ -140,7 +144,21 @@ pub(crate) async fn list<S: ConsoleStore>(
     let selected = fields
         .get("fingerprint")
         .map(|f| f.trim().to_ascii_lowercase());
+    let listed = fields.get("list").is_some();
     let shown = match &selected {
+        None if listed => {
+            let after = fields.number("after")?;
+            let limit = Some(page_limit(fields.number("limit")?));
+            let page = shared
+                .store
+                .letters(&LetterFilter {
+                    after,
+                    limit,
+                    ..filter
+                })
+                .await?;
+            Shown::List(page, after.is_some())
+        }
         None => {
             let (letters, more) = scan(&shared.store, filter).await?;
             Shown::Groups(group_by_error(&letters), more)
@@ -171,6 +189,7 @@ pub(crate) async fn list<S: ConsoleStore>(
             (super::time_input("since", "since", &fields))
             (super::time_input("until", "until", &fields))
             label { "closed too" input type="checkbox" name="resolved" value="1" checked[fields.get("resolved").is_some()]; }
+            @if listed && selected.is_none() { input type="hidden" name="list" value="1"; }
             button type="submit" { "Filter" }
         }
         @match &shown {
@@ -178,7 +197,23 @@ pub(crate) async fn list<S: ConsoleStore>(
                 @if *more {
                     p.note #truncated { "Grouped over the oldest " (GROUP_SCAN) " matching letters; narrow the filter to see the rest." }
                 }
+                p { a #list-all href={ (here) "?" (query(kept.iter().cloned().chain([("list", "1".to_owned())]))) } { "Every letter, oldest first" } }
                 (group_table(&here, &kept, groups))
+            }
+            Shown::List(page, paged) => {
+                @let listing = || kept.iter().cloned().chain([("list", "1".to_owned()), ("limit", fields.get("limit").unwrap_or_default().to_owned())]);
+                p {
+                    a href={ (here) "?" (query(kept.iter().cloned())) } { "Grouped by failure" }
+                    @if *paged {
+                        " · " a href={ (here) "?" (query(listing())) } { "The oldest" }
+                    }
+                }
+                (group_letters(&shared, &operator, &here, &kept, None, kind, &consumer, &page.items))
+                @if let Some(next) = page.next {
+                    p #next-page {
+                        a href={ (here) "?" (query(listing().chain([("after", next.to_string())]))) } { "Next page" }
+                    }
+                }
             }
             Shown::Group(page, paged) => {
                 @let fingerprint = selected.as_deref().unwrap_or_default();
@@ -189,7 +224,7 @@ pub(crate) async fn list<S: ConsoleStore>(
                         " · " a href={ (here) "?" (query(with_fingerprint())) } { "The oldest of this failure" }
                     }
                 }
-                (group_letters(&shared, &operator, &here, &kept, fingerprint, kind, &consumer, &page.letters))
+                (group_letters(&shared, &operator, &here, &kept, Some(fingerprint), kind, &consumer, &page.letters))
                 @if page.cut_short {
                     p.note #cut-short { "Read " (GROUP_SCAN) " matching letters for this page; more of this failure may follow." }
                 }
@@ -232,13 +267,15 @@ fn group_table(here: &str, kept: &[(&str, String)], groups: &[ErrorGroup]) -> Ma
     }
 }
 
+/// Letters to tick and act on; with a `fingerprint`, also the form that
+/// acts on the oldest *n* of that failure.
 #[allow(clippy::too_many_arguments)]
 fn group_letters<S: ConsoleStore>(
     shared: &Shared<S>,
     operator: &Operator,
     here: &str,
     kept: &[(&str, String)],
-    fingerprint: &str,
+    fingerprint: Option<&str>,
     kind: LetterKind,
     consumer: &str,
     members: &[LetterRecord],
@@ -279,7 +316,7 @@ fn group_letters<S: ConsoleStore>(
                 }
             }
         }
-        @if selectable {
+        @if let (true, Some(fingerprint)) = (selectable, fingerprint) {
             h2 { "The whole group" }
             form.actions method="post" action={ (base) "/actions/preview" } {
                 (csrf_field(shared, operator))
