@@ -5,6 +5,8 @@
 //! with the reason the operator typed, through the operations API (one
 //! transaction and one audit row per action).
 
+use std::collections::HashSet;
+
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -82,21 +84,50 @@ impl Action {
         format!("{verb} {count} {what}{}", if count == 1 { "" } else { "s" })
     }
 
-    /// What the action would do to an event in `status` after `attempts`.
-    fn would(self, event: &EventRecord) -> String {
+    /// What the action would do to `event`; `blocked_heads` are the
+    /// pending heads of blocked aggregates when the preview could read
+    /// them all.
+    fn would(self, event: &EventRecord, blocked_heads: Option<&HashSet<Uuid>>) -> String {
         let status = event.status.as_str();
         match (self, status) {
+            (Action::RetryBlocked, "pending") => match blocked_heads {
+                Some(heads) if heads.contains(&event.id) => {
+                    "tried now, attempts reset: it heads a blocked aggregate".into()
+                }
+                Some(_) => "left: it does not head a blocked aggregate".into(),
+                None => {
+                    "tried now, attempts reset, if it heads a blocked aggregate (otherwise left)"
+                        .into()
+                }
+            },
             (Action::RetryFailed, "failed") => "back to pending, from its first attempt".into(),
             (Action::SkipFailed, "failed") => {
                 "skipped: never published; its aggregate goes on".into()
             }
             (Action::Republish, "published") => "published again with its own id".into(),
-            (Action::RetryBlocked, "pending") => {
-                "tried now, attempts reset, if it heads a blocked aggregate (otherwise left)".into()
-            }
             _ => format!("left: its status is {status}"),
         }
     }
+}
+
+/// The most blocked aggregates a preview reads to say which pending
+/// events head one.
+const BLOCKED_READ: i64 = 1000;
+
+/// The pending heads of blocked aggregates, when there are fewer than
+/// [`BLOCKED_READ`] (else `None`: the preview then says what decides).
+async fn blocked_heads<S: ConsoleStore>(store: &S) -> Result<Option<HashSet<Uuid>>, ConsoleError> {
+    let blocked = store.blocked(BLOCKED_READ).await?;
+    if blocked.len() as i64 >= BLOCKED_READ {
+        return Ok(None);
+    }
+    Ok(Some(
+        blocked
+            .into_iter()
+            .filter(|b| b.head_status == "pending")
+            .map(|b| b.head_event_id)
+            .collect(),
+    ))
 }
 
 /// What an action touches.
@@ -294,6 +325,10 @@ pub(crate) async fn preview<S: ConsoleStore>(
             "nothing matches: the action would touch no record".into(),
         ));
     }
+    let blocked_heads = match action {
+        Action::RetryBlocked => blocked_heads(&shared.store).await?,
+        _ => None,
+    };
     let base = &shared.base;
     let title = format!("{}?", action.title(targets.len()));
     let body = html! {
@@ -315,7 +350,7 @@ pub(crate) async fn preview<S: ConsoleStore>(
                                         td.num { (e.aggregate_version) }
                                         td { (e.status) }
                                         td { (cut(e.last_error.as_deref().unwrap_or(""), 80)) }
-                                        td.would { (action.would(e)) }
+                                        td.would { (action.would(e, blocked_heads.as_ref())) }
                                     } @else {
                                         td colspan="6" { "not found (or removed by retention): left" }
                                     }

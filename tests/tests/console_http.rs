@@ -1415,6 +1415,133 @@ async fn act(router: &Router, action: &str, id: &str, reason: &str) -> outbox_te
     .expect(StatusCode::OK)
 }
 
+/// A head the broker keeps refusing (retryable) blocks its aggregate while
+/// it waits for its next attempt: "try now" by filter on the pending
+/// events previews which one heads the blocked aggregate (tried) and which
+/// waits behind it (left), and running it resets the head's attempts.
+#[tokio::test]
+async fn a_retrying_head_is_tried_now_and_the_preview_names_it() {
+    let db = TestDb::new().await;
+    let charge = |id: &str| CardCharged {
+        charge_id: id.into(),
+        card_number: SECRET,
+        amount_cents: 500,
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox
+        .emit_all(&mut tx, &[charge("busy-1"), charge("busy-1")])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let transport = RecordingTransport::failing(|_: &Envelope| {
+        Some(PublishFailure::retryable("the broker is busy"))
+    });
+    let config = RelayConfig {
+        poll_interval: Duration::from_millis(50),
+        stats_interval: Duration::ZERO,
+        backoff: outbox_core::relay::Backoff {
+            initial: Duration::from_secs(3600),
+            max: Duration::from_secs(3600),
+            multiplier: 2.0,
+            jitter: 0.0,
+        },
+        ..RelayConfig::default()
+    };
+    let store = PgRelayStore::new(
+        db.pool.clone(),
+        db.schema.clone(),
+        config.failed_head_policy,
+        config.claim_timeout,
+    );
+    let relay = Relay::start(store, transport, config, "console")
+        .await
+        .unwrap();
+    wait::until(
+        "the head is retrying and blocks",
+        Duration::from_secs(20),
+        || async {
+            db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_blocked_aggregates")
+                .await
+                == 1
+        },
+    )
+    .await;
+    relay.drain(Duration::from_secs(5)).await.unwrap();
+    let head: Uuid = db
+        .scalar("SELECT id FROM {s}.outbox_events WHERE aggregate_version = 1")
+        .await;
+    let behind: Uuid = db
+        .scalar("SELECT id FROM {s}.outbox_events WHERE aggregate_version = 2")
+        .await;
+
+    let router = console(&db);
+    let csrf = get(&router, "/events?status=pending").await.csrf();
+    let preview = post(
+        &router,
+        "/actions/preview",
+        &[
+            ("action", "retry-blocked"),
+            ("by", "filter"),
+            ("status", "pending"),
+            ("limit", "10"),
+            ("csrf", &csrf),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    let row_of = |id: Uuid| {
+        let at = preview.body.find(&format!("value=\"{id}\"")).unwrap();
+        let row = &preview.body[at..];
+        row[..row.find("</tr>").unwrap()].to_owned()
+    };
+    assert!(
+        row_of(head).contains("tried now, attempts reset: it heads a blocked aggregate"),
+        "{}",
+        preview.body
+    );
+    assert!(
+        row_of(behind).contains("left: it does not head a blocked aggregate"),
+        "{}",
+        preview.body
+    );
+    let done = post(
+        &router,
+        "/actions/run",
+        &[
+            ("action", "retry-blocked"),
+            ("id", &head.to_string()),
+            ("id", &behind.to_string()),
+            ("csrf", &preview.csrf()),
+            ("reason", "the broker has room again"),
+        ],
+    )
+    .await
+    .expect(StatusCode::OK);
+    assert!(
+        done.body.contains(">retried<") && done.body.contains(">not_blocked_head<"),
+        "{}",
+        done.body
+    );
+    let (attempts, due): (i32, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT attempt_count, next_attempt_at <= now() FROM {} WHERE id = $1",
+        db.table("outbox_events")
+    )))
+    .bind(head)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (attempts, due),
+        (0, true),
+        "the head is due now, attempts reset"
+    );
+    let audited: i64 = db
+        .scalar("SELECT count(*) FROM {s}.outbox_audit WHERE action = 'relay.retry_blocked' AND operator = 'ada'")
+        .await;
+    assert_eq!(audited, 1);
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn every_relay_repair_runs_through_the_console_and_is_audited() {
     let db = TestDb::new().await;
