@@ -325,6 +325,7 @@ async fn an_operator_finds_inspects_and_repairs_an_incident_in_the_browser() {
         "{url}"
     );
     assert!(shown(client, "main").await.contains("card / ch-1"));
+    screenshot(client, "events").await;
 
     // ---- Inspected: the blocked aggregate's head, payload redacted.
     click(client, "header nav a[href='/blocked']").await;

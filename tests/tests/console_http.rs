@@ -504,6 +504,49 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
     )
     .await
     .expect(StatusCode::FORBIDDEN);
+    // Every action, without a token or with a wrong one: refused.
+    seed_dead_letters(&db).await;
+    let letter: i64 = db
+        .scalar("SELECT min(id) FROM {s}.outbox_dead_letters")
+        .await;
+    let letter_id = letter.to_string();
+    for action in [
+        "retry-failed",
+        "skip-failed",
+        "republish",
+        "retry-blocked",
+        "replay",
+        "discard",
+    ] {
+        let id = if matches!(action, "replay" | "discard") {
+            &letter_id
+        } else {
+            &head_id
+        };
+        for (path, token) in [
+            ("/actions/preview", None),
+            ("/actions/run", None),
+            ("/actions/run", Some(wrong.as_str())),
+        ] {
+            let mut fields = vec![
+                ("action", action),
+                ("id", id.as_str()),
+                ("consumer", "billing"),
+                ("kind", "dead_lettered"),
+                ("reason", "r"),
+            ];
+            fields.extend(token.map(|t| ("csrf", t)));
+            post(&router, path, &fields)
+                .await
+                .expect(StatusCode::FORBIDDEN);
+        }
+    }
+    assert_eq!(
+        db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_dead_letters WHERE resolved_at IS NULL AND replay_requested_at IS NULL")
+            .await,
+        3,
+        "every letter open, none asked to replay"
+    );
     // A token of another console (another key) is refused too.
     let other_console = console(&db);
     post(
@@ -779,6 +822,32 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
         shown.body.contains("c3&#39;s downstream is back")
             || shown.body.contains("c3's downstream is back")
     );
+    let audit = ops.audit(None, None).await.unwrap();
+    let rows: Vec<(&str, &str, &str, usize)> = audit
+        .items
+        .iter()
+        .map(|row| {
+            (
+                row.action.as_str(),
+                row.operator.as_str(),
+                row.reason.as_str(),
+                row.ids.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("consumer.replay", "ada", "c3's downstream is back", 1),
+            (
+                "consumer.discard",
+                "ada",
+                "c1 and c2 were settled by hand",
+                2
+            ),
+        ],
+        "each action one audit row in the operator's name, with its reason and ids"
+    );
     db.drop_schema().await;
 }
 
@@ -936,22 +1005,53 @@ async fn a_read_only_console_shows_everything_and_refuses_every_action() {
         "no action buttons:\n{}",
         page.body
     );
-    for path in ["/actions/preview", "/actions/run"] {
-        let refused = post(
-            &router,
-            path,
-            &[
-                ("action", "retry-failed"),
-                ("id", &head.to_string()),
-                ("csrf", &csrf),
-                ("reason", "r"),
-            ],
-        )
-        .await
-        .expect(StatusCode::FORBIDDEN);
-        assert!(refused.body.contains("read-only"), "{}", refused.body);
+    seed_dead_letters(&db).await;
+    let letter: i64 = db
+        .scalar("SELECT min(id) FROM {s}.outbox_dead_letters")
+        .await;
+    let (head_id, letter_id) = (head.to_string(), letter.to_string());
+    for action in [
+        "retry-failed",
+        "skip-failed",
+        "republish",
+        "retry-blocked",
+        "replay",
+        "discard",
+    ] {
+        let id = if matches!(action, "replay" | "discard") {
+            &letter_id
+        } else {
+            &head_id
+        };
+        for path in ["/actions/preview", "/actions/run"] {
+            let refused = post(
+                &router,
+                path,
+                &[
+                    ("action", action),
+                    ("id", id),
+                    ("consumer", "billing"),
+                    ("kind", "dead_lettered"),
+                    ("csrf", &csrf),
+                    ("reason", "r"),
+                ],
+            )
+            .await
+            .expect(StatusCode::FORBIDDEN);
+            assert!(
+                refused.body.contains("read-only"),
+                "{action} {path}: {}",
+                refused.body
+            );
+        }
     }
     assert_eq!(status_of(&db, head).await, "failed");
+    assert_eq!(
+        db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_dead_letters WHERE resolved_at IS NULL AND replay_requested_at IS NULL")
+            .await,
+        3,
+        "every letter open, none asked to replay"
+    );
     assert_eq!(audit_rows(&db).await, 0);
     db.drop_schema().await;
 }
