@@ -172,6 +172,13 @@ pub(crate) struct ConsoleArgs {
     /// only, never from an argument other users could see.
     #[arg(long)]
     pub(crate) operator: Option<String>,
+    /// The status page flags a pending event older than this.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub(crate) max_age: Duration,
+    /// The status page flags a consumer whose last applied event was older
+    /// than this.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub(crate) max_lag: Duration,
 }
 
 /// Who asks for a repair, and why.

@@ -1,6 +1,7 @@
 //! `outbox console`: the web console served standalone, on any store.
 
 use outbox_console::{Console, ConsoleStore, Identify, operator_name};
+use outbox_core::ops::StatusOptions;
 
 use crate::args::ConsoleArgs;
 use crate::{EXIT_OK, Outcome};
@@ -85,7 +86,14 @@ pub(crate) async fn serve<S: ConsoleStore>(store: S, args: ConsoleArgs) -> Outco
                 .allowed_hosts(loopback_hosts(local.ip(), port))
         }
     };
-    let router = console.read_only(args.read_only).router();
+    let router = console
+        .read_only(args.read_only)
+        .status_options(StatusOptions {
+            max_pending_age: args.max_age,
+            max_consumer_lag: args.max_lag,
+            ..StatusOptions::default()
+        })
+        .router();
     // One line a script (or a test) can wait for.
     println!("outbox console listening on http://{local}/");
     axum::serve(listener, router)

@@ -56,6 +56,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use outbox_core::ops::StatusOptions;
 
 pub use error::ConsoleError;
 pub use identity::{Identify, Operator, operator_name};
@@ -71,6 +72,7 @@ pub struct Console<S> {
     read_only: bool,
     base_path: String,
     allowed_hosts: Vec<String>,
+    status_options: StatusOptions,
 }
 
 impl<S: ConsoleStore> Console<S> {
@@ -82,6 +84,7 @@ impl<S: ConsoleStore> Console<S> {
             read_only: false,
             base_path: String::new(),
             allowed_hosts: Vec::new(),
+            status_options: StatusOptions::default(),
         }
     }
 
@@ -111,6 +114,16 @@ impl<S: ConsoleStore> Console<S> {
         self
     }
 
+    /// The thresholds the status page flags problems by (a pending event
+    /// older than `max_pending_age`, a consumer lagging more than
+    /// `max_consumer_lag`) and how many blocked aggregates it lists; the
+    /// tool's `status --max-age/--max-lag`. Default:
+    /// [`StatusOptions::default`] (5 minutes each, 20 aggregates).
+    pub fn status_options(mut self, options: StatusOptions) -> Console<S> {
+        self.status_options = options;
+        self
+    }
+
     /// Shows everything and refuses every action (403), hiding their
     /// buttons.
     pub fn read_only(mut self, read_only: bool) -> Console<S> {
@@ -125,6 +138,7 @@ impl<S: ConsoleStore> Console<S> {
             read_only: self.read_only,
             base: self.base_path,
             csrf: CsrfKey::random(),
+            status_options: self.status_options,
         });
         let identify = self.identify;
         let allowed_hosts = Arc::new(self.allowed_hosts);
@@ -161,6 +175,8 @@ pub(crate) struct Shared<S> {
     /// The mount path links start with.
     pub(crate) base: String,
     pub(crate) csrf: CsrfKey,
+    /// The status page's thresholds.
+    pub(crate) status_options: StatusOptions,
 }
 
 /// A handler's state.

@@ -1056,6 +1056,37 @@ async fn a_read_only_console_shows_everything_and_refuses_every_action() {
     db.drop_schema().await;
 }
 
+/// The status page flags problems by the thresholds it is given (the
+/// tool's `status --max-age/--max-lag`), not only by the defaults.
+#[tokio::test]
+async fn the_status_page_flags_by_the_thresholds_it_is_given() {
+    let db = TestDb::new().await;
+    seed_failed(&db).await;
+    let pending_age = "the oldest pending event is";
+    let default = get(&console(&db), "/").await.expect(StatusCode::OK);
+    assert!(default.body.contains("event(s) failed"), "{}", default.body);
+    assert!(
+        !default.body.contains(pending_age),
+        "a pending event seconds old is within 5 minutes"
+    );
+    let strict = Console::new(
+        Ops::new(db.pool.clone(), db.schema.clone()),
+        Identify::fixed("ada"),
+    )
+    .status_options(outbox_core::ops::StatusOptions {
+        max_pending_age: Duration::ZERO,
+        ..outbox_core::ops::StatusOptions::default()
+    })
+    .router();
+    let flagged = get(&strict, "/").await.expect(StatusCode::OK);
+    assert!(
+        flagged.body.contains(pending_age) && flagged.body.contains("(more than 0 s)"),
+        "{}",
+        flagged.body
+    );
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn requests_without_an_operator_see_nothing() {
     let db = TestDb::new().await;
@@ -1235,7 +1266,12 @@ async fn a_sqlite_outbox_is_served_with_its_letters() {
 }
 
 /// Starts `outbox console` on `listen` with `env` (stdout and stderr piped).
-fn console_process(db: &TestDb, listen: &str, env: &[(&str, &str)]) -> std::process::Child {
+fn console_process(
+    db: &TestDb,
+    listen: &str,
+    env: &[(&str, &str)],
+    extra: &[&str],
+) -> std::process::Child {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-tool"));
     command
         .env_remove("DATABASE_URL")
@@ -1249,6 +1285,7 @@ fn console_process(db: &TestDb, listen: &str, env: &[(&str, &str)]) -> std::proc
             "--listen",
             listen,
         ])
+        .args(extra)
         .env("USER", "ci-operator")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -1293,19 +1330,24 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
     seed_failed(&db).await;
 
     // A public address without a token is refused before anything is served.
-    let refused = console_process(&db, "0.0.0.0:0", &[])
+    let refused = console_process(&db, "0.0.0.0:0", &[], &[])
         .wait_with_output()
         .unwrap();
     assert_eq!(refused.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("without a token"), "{stderr}");
-    let short = console_process(&db, "127.0.0.1:0", &[("OUTBOX_CONSOLE_TOKEN", "short")])
-        .wait_with_output()
-        .unwrap();
+    let short = console_process(
+        &db,
+        "127.0.0.1:0",
+        &[("OUTBOX_CONSOLE_TOKEN", "short")],
+        &[],
+    )
+    .wait_with_output()
+    .unwrap();
     assert_eq!(short.status.code(), Some(2));
 
     // Loopback without a token: served, loudly, as the OS user.
-    let mut child = console_process(&db, "127.0.0.1:0", &[]);
+    let mut child = console_process(&db, "127.0.0.1:0", &[], &[]);
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -1328,6 +1370,10 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
         "{body}"
     );
     assert!(body.contains("card / ch-1"), "{body}");
+    assert!(
+        !body.contains("the oldest pending event is"),
+        "seconds old is within the default 5 minutes"
+    );
     child.kill().unwrap();
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -1338,7 +1384,12 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
 
     // With a token: HTTP Basic, the user name is the operator.
     let token = "a-long-console-token";
-    let mut child = console_process(&db, "127.0.0.1:0", &[("OUTBOX_CONSOLE_TOKEN", token)]);
+    let mut child = console_process(
+        &db,
+        "127.0.0.1:0",
+        &[("OUTBOX_CONSOLE_TOKEN", token)],
+        &["--max-age", "0s"],
+    );
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -1360,6 +1411,10 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
     assert!(
         body.contains("<strong id=\"operator\">bob</strong>"),
         "{body}"
+    );
+    assert!(
+        body.contains("the oldest pending event is") && body.contains("(more than 0 s)"),
+        "--max-age 0s flags any pending event: {body}"
     );
     child.kill().unwrap();
     let _ = child.wait();

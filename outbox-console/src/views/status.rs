@@ -3,7 +3,6 @@
 use axum::Extension;
 use axum::extract::State;
 use maud::{Markup, html};
-use outbox_core::ops::StatusOptions;
 
 use super::{age, cut, frame, maybe_time, time};
 use crate::{ConsoleError, ConsoleStore, Ctx, Operator};
@@ -13,7 +12,7 @@ pub(crate) async fn page<S: ConsoleStore>(
     State(shared): Ctx<S>,
     Extension(operator): Extension<Operator>,
 ) -> Result<Markup, ConsoleError> {
-    let status = shared.store.status(&StatusOptions::default()).await?;
+    let status = shared.store.status(&shared.status_options).await?;
     let base = &shared.base;
     let backlog = &status.backlog;
     let body = html! {
