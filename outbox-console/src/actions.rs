@@ -147,6 +147,24 @@ impl Targets {
             Targets::Letters { letters, .. } => letters.len(),
         }
     }
+
+    /// The ids, as the run form sends them.
+    fn ids(&self) -> Vec<String> {
+        match self {
+            Targets::Events(events) => events.iter().map(|(id, _)| id.to_string()).collect(),
+            Targets::Letters { letters, .. } => {
+                letters.iter().map(|(id, _)| id.to_string()).collect()
+            }
+        }
+    }
+
+    /// The consumer and kind of letters; `None` for events.
+    fn letters_of(&self) -> Option<(&str, &str)> {
+        match self {
+            Targets::Events(_) => None,
+            Targets::Letters { consumer, kind, .. } => Some((consumer.as_str(), kind.as_str())),
+        }
+    }
 }
 
 /// Refuses an action request that is read-only, from another site, or
@@ -329,6 +347,12 @@ pub(crate) async fn preview<S: ConsoleStore>(
         Action::RetryBlocked => blocked_heads(&shared.store).await?,
         _ => None,
     };
+    let confirmation = shared.csrf.confirmation(
+        &operator,
+        action.name(),
+        targets.letters_of(),
+        &targets.ids(),
+    );
     let base = &shared.base;
     let title = format!("{}?", action.title(targets.len()));
     let body = html! {
@@ -336,6 +360,7 @@ pub(crate) async fn preview<S: ConsoleStore>(
         form.confirm method="post" action={ (base) "/actions/run" } {
             (csrf_field(&shared, &operator))
             input type="hidden" name="action" value=(action.name());
+            input type="hidden" name="confirm" value=(confirmation);
             @match &targets {
                 Targets::Events(events) => {
                     table #targets {
@@ -409,6 +434,32 @@ fn letter_would(action: Action, letter: &LetterRecord) -> String {
     }
 }
 
+/// Refuses a run that does not carry the confirmation of a preview of
+/// exactly this action on exactly these ids (and letters' consumer and
+/// kind) for this operator.
+fn confirmed<S>(
+    shared: &Shared<S>,
+    operator: &Operator,
+    action: Action,
+    letters_of: Option<(&str, &str)>,
+    ids: Vec<String>,
+    fields: &Fields,
+) -> Result<(), ConsoleError> {
+    if shared.csrf.confirms(
+        operator,
+        action.name(),
+        letters_of,
+        &ids,
+        fields.get("confirm"),
+    ) {
+        return Ok(());
+    }
+    Err(ConsoleError::Forbidden(
+        "run an action from its preview: this request does not carry the confirmation of a preview of this action on these ids"
+            .into(),
+    ))
+}
+
 /// Step two: the action, for exactly the ids confirmed, with a reason.
 pub(crate) async fn run<S: ConsoleStore>(
     State(shared): Ctx<S>,
@@ -427,12 +478,28 @@ pub(crate) async fn run<S: ConsoleStore>(
             .ok_or_else(|| ConsoleError::BadRequest("a letter action needs its consumer".into()))?;
         let kind = letter_kind(&fields)?;
         let ids = letter_ids(&fields)?;
+        confirmed(
+            &shared,
+            &operator,
+            action,
+            Some((consumer, kind.as_str())),
+            ids.iter().map(ToString::to_string).collect(),
+            &fields,
+        )?;
         match action {
             Action::Replay => store.request_replay(consumer, kind, &ids, &request).await?,
             _ => store.discard(consumer, kind, &ids, &request).await?,
         }
     } else {
         let ids = event_ids(&fields)?;
+        confirmed(
+            &shared,
+            &operator,
+            action,
+            None,
+            ids.iter().map(ToString::to_string).collect(),
+            &fields,
+        )?;
         match action {
             Action::RetryFailed => store.retry_failed(&ids, &request).await?,
             Action::SkipFailed => store.skip_failed(&ids, &request).await?,

@@ -210,6 +210,46 @@ impl CsrfKey {
     pub(crate) fn accepts(&self, operator: &Operator, given: Option<&str>) -> bool {
         given.is_some_and(|given| same(given.as_bytes(), self.token(operator).as_bytes()))
     }
+
+    /// The confirmation a preview gives `operator` for `action` on `ids`
+    /// (letters: of `letters_of`'s consumer and kind): a run must carry it,
+    /// so that what runs is exactly what a preview showed. The ids count in
+    /// any order.
+    pub(crate) fn confirmation(
+        &self,
+        operator: &Operator,
+        action: &str,
+        letters_of: Option<(&str, &str)>,
+        ids: &[String],
+    ) -> String {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        let (consumer, kind) = letters_of.unwrap_or_default();
+        let mut hasher = Sha256::new();
+        hasher.update(self.0);
+        hasher.update([1]);
+        for part in [operator.0.as_str(), action, consumer, kind] {
+            hasher.update(part.as_bytes());
+            hasher.update([0]);
+        }
+        hasher.update(ids.join(",").as_bytes());
+        hex::encode(hasher.finalize())
+    }
+
+    /// Whether `given` is the [`confirmation`](Self::confirmation) of
+    /// these.
+    pub(crate) fn confirms(
+        &self,
+        operator: &Operator,
+        action: &str,
+        letters_of: Option<(&str, &str)>,
+        ids: &[String],
+        given: Option<&str>,
+    ) -> bool {
+        let expected = self.confirmation(operator, action, letters_of, ids);
+        given.is_some_and(|given| same(given.as_bytes(), expected.as_bytes()))
+    }
 }
 
 /// Whether a POST comes from another site. Browsers that send
@@ -275,6 +315,30 @@ mod tests {
         assert!(!key.accepts(&bob, Some(&token)));
         assert!(!key.accepts(&ada, None));
         assert!(!CsrfKey::random().accepts(&ada, Some(&token)));
+    }
+
+    #[test]
+    fn a_confirmation_binds_operator_action_letters_and_ids_in_any_order() {
+        let key = CsrfKey::random();
+        let ada = Operator("ada".into());
+        let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let billing = Some(("billing", "dead_lettered"));
+        let given = key.confirmation(&ada, "discard", billing, &ids(&["7", "3"]));
+        assert!(key.confirms(&ada, "discard", billing, &ids(&["3", "7"]), Some(&given)));
+        assert!(!key.confirms(
+            &ada,
+            "discard",
+            billing,
+            &ids(&["3", "7", "9"]),
+            Some(&given)
+        ));
+        assert!(!key.confirms(&ada, "discard", billing, &ids(&["3"]), Some(&given)));
+        assert!(!key.confirms(&ada, "replay", billing, &ids(&["3", "7"]), Some(&given)));
+        let other = Some(("shipping", "dead_lettered"));
+        assert!(!key.confirms(&ada, "discard", other, &ids(&["3", "7"]), Some(&given)));
+        let bob = Operator("bob".into());
+        assert!(!key.confirms(&bob, "discard", billing, &ids(&["3", "7"]), Some(&given)));
+        assert!(!key.confirms(&ada, "discard", billing, &ids(&["3", "7"]), None));
     }
 
     #[test]

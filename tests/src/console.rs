@@ -34,6 +34,18 @@ impl Page {
         self.body[start..end].to_owned()
     }
 
+    /// The confirmation a preview page gives its run form.
+    pub fn confirm(&self) -> String {
+        let marker = "name=\"confirm\" value=\"";
+        let start = self
+            .body
+            .find(marker)
+            .unwrap_or_else(|| panic!("no confirmation on the page:\n{}", self.body))
+            + marker.len();
+        let end = self.body[start..].find('"').expect("the field's end") + start;
+        self.body[start..end].to_owned()
+    }
+
     /// Asserts the status, showing the page when it differs.
     pub fn expect(self, status: StatusCode) -> Page {
         assert_eq!(self.status, status, "{}", self.body);

@@ -630,6 +630,7 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
             ("id", &head_id),
             ("csrf", &preview.csrf()),
             ("reason", " "),
+            ("confirm", &preview.confirm()),
         ],
     )
     .await
@@ -644,6 +645,7 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
             ("id", &head_id),
             ("csrf", &preview.csrf()),
             ("reason", "the broker takes 2 MiB messages again"),
+            ("confirm", &preview.confirm()),
         ],
     )
     .await
@@ -753,6 +755,7 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
         })
         .collect();
     assert_eq!(ids.len(), 2);
+    let confirm = preview.confirm();
     let mut fields = vec![
         ("action", "discard"),
         ("consumer", "billing"),
@@ -761,6 +764,32 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
         ("reason", "c1 and c2 were settled by hand"),
     ];
     fields.extend(ids.iter().map(|id| ("id", id.as_str())));
+    // A run must carry its preview's confirmation, for exactly its ids.
+    let third: i64 = db
+        .scalar("SELECT max(id) FROM {s}.outbox_dead_letters")
+        .await;
+    let third = third.to_string();
+    let mut more = fields.clone();
+    more.extend([("id", third.as_str()), ("confirm", confirm.as_str())]);
+    let refused = post(&router, "/actions/run", &more)
+        .await
+        .expect(StatusCode::FORBIDDEN);
+    assert!(
+        refused.body.contains("from its preview"),
+        "{}",
+        refused.body
+    );
+    post(&router, "/actions/run", &fields)
+        .await
+        .expect(StatusCode::FORBIDDEN);
+    let mut replayed = fields.clone();
+    replayed[0] = ("action", "replay");
+    replayed.push(("confirm", confirm.as_str()));
+    post(&router, "/actions/run", &replayed)
+        .await
+        .expect(StatusCode::FORBIDDEN);
+    assert_eq!(audit_rows(&db).await, 0, "nothing ran");
+    fields.push(("confirm", confirm.as_str()));
     let done = post(&router, "/actions/run", &fields)
         .await
         .expect(StatusCode::OK);
@@ -778,20 +807,18 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
 
     // Replay the last one by id: requested for the running consumer.
     let last = open.items[0].id.to_string();
-    let done = post(
+    let done = preview_and_run(
         &router,
-        "/actions/run",
         &[
             ("action", "replay"),
             ("consumer", "billing"),
             ("kind", "dead_lettered"),
             ("id", &last),
             ("csrf", &csrf),
-            ("reason", "c3's downstream is back"),
         ],
+        "c3's downstream is back",
     )
-    .await
-    .expect(StatusCode::OK);
+    .await;
     assert!(done.body.contains("replay_requested"), "{}", done.body);
     let shown = get(&router, &format!("/consumers/billing/dead_lettered/{last}"))
         .await
@@ -849,6 +876,25 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
         "each action one audit row in the operator's name, with its reason and ids"
     );
     db.drop_schema().await;
+}
+
+/// Previews an action on `fields` (its ids, consumer and kind, the CSRF
+/// token), then runs what the preview showed with `reason` and the
+/// preview's confirmation, as the preview page's form does.
+async fn preview_and_run(
+    router: &Router,
+    fields: &[(&str, &str)],
+    reason: &str,
+) -> outbox_tests::console::Page {
+    let preview = post(router, "/actions/preview", fields)
+        .await
+        .expect(StatusCode::OK);
+    let confirm = preview.confirm();
+    let mut run: Vec<(&str, &str)> = fields.to_vec();
+    run.extend([("reason", reason), ("confirm", confirm.as_str())]);
+    post(router, "/actions/run", &run)
+        .await
+        .expect(StatusCode::OK)
 }
 
 /// Inserts `count` open dead letters of consumer `bulk` with reasons
@@ -1217,20 +1263,18 @@ async fn a_sqlite_outbox_is_served_with_its_letters() {
     .expect(StatusCode::OK);
     assert!(shown.body.contains("[REDACTED]"), "{}", shown.body);
     no_secret("a sqlite letter", &shown.body);
-    let discarded = post(
+    let discarded = preview_and_run(
         &router,
-        "/actions/run",
         &[
             ("action", "discard"),
             ("consumer", "billing"),
             ("kind", "dead_lettered"),
             ("id", &letter_id.to_string()),
             ("csrf", &shown.csrf()),
-            ("reason", "refund handled by hand"),
         ],
+        "refund handled by hand",
     )
-    .await
-    .expect(StatusCode::OK);
+    .await;
     assert!(discarded.body.contains(">discarded<"), "{}", discarded.body);
     let resolution: String =
         sqlx::query_scalar("SELECT resolution FROM outbox_dead_letters WHERE id = ?1")
@@ -1239,18 +1283,16 @@ async fn a_sqlite_outbox_is_served_with_its_letters() {
             .await
             .unwrap();
     assert_eq!(resolution, "discarded by ada: refund handled by hand");
-    let done = post(
+    let done = preview_and_run(
         &router,
-        "/actions/run",
         &[
             ("action", "retry-failed"),
             ("id", &id.to_string()),
             ("csrf", &event.csrf()),
-            ("reason", "the broker is back"),
         ],
+        "the broker is back",
     )
-    .await
-    .expect(StatusCode::OK);
+    .await;
     assert!(done.body.contains(">retried<"), "{}", done.body);
     let failed = ops
         .events(&EventFilter {
@@ -1471,18 +1513,20 @@ async fn posts_from_other_sites_and_requests_for_other_hosts_are_refused() {
             .expect(StatusCode::FORBIDDEN);
     }
     assert_eq!(audit_rows(&db).await, 0);
-    // A browser's same-origin POST through a proxy that rewrote Host.
-    post_with(
-        &router,
-        "/actions/run",
-        &run,
-        &[
-            ("sec-fetch-site", "same-origin"),
-            ("origin", "https://outbox.example.com"),
-        ],
-    )
-    .await
-    .expect(StatusCode::OK);
+    // A browser's same-origin POSTs through a proxy that rewrote Host.
+    let same_origin = [
+        ("sec-fetch-site", "same-origin"),
+        ("origin", "https://outbox.example.com"),
+    ];
+    let preview = post_with(&router, "/actions/preview", &run, &same_origin)
+        .await
+        .expect(StatusCode::OK);
+    let confirm = preview.confirm();
+    let mut confirmed = run.to_vec();
+    confirmed.push(("confirm", confirm.as_str()));
+    post_with(&router, "/actions/run", &confirmed, &same_origin)
+        .await
+        .expect(StatusCode::OK);
     assert_eq!(status_of(&db, head).await, "pending");
     db.drop_schema().await;
 }
@@ -1564,6 +1608,7 @@ async fn act(router: &Router, action: &str, id: &str, reason: &str) -> outbox_te
             ("id", id),
             ("csrf", &preview.csrf()),
             ("reason", reason),
+            ("confirm", &preview.confirm()),
         ],
     )
     .await
@@ -1668,6 +1713,7 @@ async fn a_retrying_head_is_tried_now_and_the_preview_names_it() {
             ("id", &behind.to_string()),
             ("csrf", &preview.csrf()),
             ("reason", "the broker has room again"),
+            ("confirm", &preview.confirm()),
         ],
     )
     .await
