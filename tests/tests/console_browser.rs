@@ -3,7 +3,9 @@
 //! through the pages as an operator clicks them: a failed head blocking its
 //! aggregate is retried with a reason and the aggregate drains in order, a
 //! dead-letter group is discarded, a quarantined message is inspected and
-//! its replay requested. The suite takes the screenshots in
+//! its replay requested, and once the consumer that reads its version runs
+//! the request, the page shows the letter closed and the event applied
+//! once. The suite takes the screenshots in
 //! docs/console.md, and checks the page source never holds the redacted
 //! card number and shows times in the browser's zone.
 
@@ -404,6 +406,35 @@ async fn an_operator_finds_inspects_and_repairs_an_incident_in_the_browser() {
     shown(client, "#dry-run").await;
     confirm(client, "parcels v3 is deployed now").await;
     assert_eq!(shown(client, "td.outcome").await, "replay_requested");
+    // The upgraded consumer (it reads v3 now) runs the requested replay at
+    // its next sweep; the letter's page shows it closed, applied.
+    let upgraded = ConsumerBuilder::new("parcels")
+        .config(ConsumerConfig {
+            ordering: Ordering::RejectStale,
+            ..ConsumerConfig::default()
+        })
+        .registry(
+            ContractRegistry::from_contracts([
+                ParcelBookedV2::contract(),
+                ParcelBooked::contract(),
+            ])
+            .unwrap(),
+        )
+        .on_fn::<ParcelBooked, _>(effect_handler(db.table("effects")))
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    assert_eq!(upgraded.run_requested_replays().await.unwrap(), 1);
+    client
+        .goto(&format!("{base}/consumers/parcels/quarantined?resolved=1"))
+        .await
+        .unwrap();
+    click(client, "tr.group td:last-child a").await;
+    let state = shown(client, "#state").await;
+    assert!(state.contains("replayed: applied"), "{state}");
+    let applied: i64 = db
+        .scalar("SELECT count(*) FROM {s}.effects WHERE consumer = 'parcels'")
+        .await;
+    assert_eq!(applied, 1, "the quarantined parcel applied once");
 
     // ---- The audit log shows the three repairs in the operator's name.
     client.goto(&format!("{base}/audit")).await.unwrap();
