@@ -318,6 +318,17 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
     }
     let blocked = get(&router, "/blocked").await.expect(StatusCode::OK);
     assert!(blocked.body.contains("card / ch-1") && blocked.body.contains(&head.to_string()));
+    // The blocked and audit pages keep the page size their form asked for.
+    for (path, rows) in [("/blocked?limit=1", "1"), ("/audit?limit=7", "7")] {
+        let page = get(&router, path).await.expect(StatusCode::OK);
+        assert!(
+            page.body.contains(&format!(
+                "<select name=\"limit\"><option value=\"{rows}\" selected>{rows}</option>"
+            )),
+            "{path}: {}",
+            page.body
+        );
+    }
 
     let letters = get(&router, "/consumers/billing/dead_lettered")
         .await

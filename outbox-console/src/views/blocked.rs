@@ -21,6 +21,10 @@ pub(crate) async fn page<S: ConsoleStore>(
     let base = &shared.base;
     let selectable = !shared.read_only && !blocked.is_empty();
     let body = html! {
+        form.filters method="get" action={ (base) "/blocked" } {
+            (super::rows_select(limit))
+            button type="submit" { "Show" }
+        }
         p.note {
             "An aggregate is blocked while its oldest unpublished event (its head) retries or has failed: "
             "its later events wait, in order. Retry a failed head once its cause is fixed, skip it if it must never be published, "
@@ -57,7 +61,7 @@ pub(crate) async fn page<S: ConsoleStore>(
             }
         }
         @if blocked.len() as i64 == limit {
-            p.note { "Showing the oldest " (limit) "; ask for more with ?limit= (at most 1,000)." }
+            p.note { "Showing the oldest " (limit) "; choose more rows above (at most 1,000)." }
         }
     };
     Ok(frame(&shared, &operator, "Blocked aggregates", body))

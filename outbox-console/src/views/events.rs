@@ -61,27 +61,6 @@ pub(crate) fn actions_for(status: &str) -> &'static [(&'static str, &'static str
     }
 }
 
-/// The page sizes the filter form offers (any from 1 to 1,000 is taken
-/// from the address).
-const PAGE_SIZES: [i64; 4] = [50, 100, 500, 1000];
-
-/// The filter form's page size: `limit` as asked (the default when not).
-fn page_size_select(limit: Option<i64>) -> Markup {
-    let current = page_limit(limit);
-    html! {
-        label { "rows"
-            select name="limit" {
-                @if !PAGE_SIZES.contains(&current) {
-                    option value=(current) selected { (current) }
-                }
-                @for size in PAGE_SIZES {
-                    option value=(size) selected[size == current] { (size) }
-                }
-            }
-        }
-    }
-}
-
 /// The listing.
 pub(crate) async fn list<S: ConsoleStore>(
     State(shared): Ctx<S>,
@@ -117,7 +96,7 @@ pub(crate) async fn list<S: ConsoleStore>(
             (super::text_input("error contains", "error", &fields))
             (super::time_input("since", "since", &fields))
             (super::time_input("until", "until", &fields))
-            (page_size_select(filter.limit))
+            (super::rows_select(page_limit(filter.limit)))
             button type="submit" { "Filter" }
         }
         form.confirm method="post" action={ (base) "/actions/preview" } {

@@ -83,6 +83,26 @@ pub(crate) fn text_input(label: &str, name: &str, fields: &crate::form::Fields) 
     }
 }
 
+/// The page sizes a listing's form offers (any from 1 to 1,000 is taken
+/// from the address).
+const PAGE_SIZES: [i64; 4] = [50, 100, 500, 1000];
+
+/// A listing form's page size (`limit`), `current` selected.
+pub(crate) fn rows_select(current: i64) -> Markup {
+    html! {
+        label { "rows"
+            select name="limit" {
+                @if !PAGE_SIZES.contains(&current) {
+                    option value=(current) selected { (current) }
+                }
+                @for size in PAGE_SIZES {
+                    option value=(size) selected[size == current] { (size) }
+                }
+            }
+        }
+    }
+}
+
 /// A filter's time input. Without the page's script what is typed is read
 /// as UTC (the label says so); with it, as the viewer's zone (the label
 /// names it): the script sends it as UTC (RFC 3339) and shows a sent value
