@@ -19,9 +19,9 @@ use outbox_core::ops::{
 use uuid::Uuid;
 
 use crate::form::Fields;
-use crate::identity::cross_site;
+use crate::identity::{CONFIRMATION_TTL, cross_site};
 use crate::views::events::event_filter;
-use crate::views::letters::{group_members, kind_of, letter_filter, scan};
+use crate::views::letters::{first_letters, group_members, kind_of, letter_filter};
 use crate::views::{csrf_field, cut, frame, home, seg};
 use crate::{ConsoleError, ConsoleStore, Ctx, Operator, Shared};
 
@@ -303,7 +303,7 @@ async fn targets<S: ConsoleStore>(
         filter.include_resolved = false;
         let letters = match fields.get("fingerprint") {
             Some(fingerprint) => group_members(store, filter, fingerprint, limit).await?,
-            None => scan(store, filter).await?.0,
+            None => first_letters(store, filter, limit).await?,
         };
         letters
             .into_iter()
@@ -352,6 +352,7 @@ pub(crate) async fn preview<S: ConsoleStore>(
         action.name(),
         targets.letters_of(),
         &targets.ids(),
+        chrono::Utc::now().timestamp(),
     );
     let base = &shared.base;
     let title = format!("{}?", action.title(targets.len()));
@@ -451,13 +452,14 @@ fn confirmed<S>(
         letters_of,
         &ids,
         fields.get("confirm"),
+        chrono::Utc::now().timestamp(),
     ) {
         return Ok(());
     }
-    Err(ConsoleError::Forbidden(
-        "run an action from its preview: this request does not carry the confirmation of a preview of this action on these ids"
-            .into(),
-    ))
+    Err(ConsoleError::Forbidden(format!(
+        "run an action from its preview: this request does not carry the confirmation of a preview of this action on these ids from the last {} minutes; preview it again",
+        CONFIRMATION_TTL.as_secs() / 60
+    )))
 }
 
 /// Step two: the action, for exactly the ids confirmed, with a reason.

@@ -49,8 +49,8 @@ impl Fields {
             .transpose()
     }
 
-    /// `name` as a point in time: RFC 3339, or `YYYY-MM-DDTHH:MM[:SS]`
-    /// (what a `datetime-local` input sends) read as UTC.
+    /// `name` as a point in time: RFC 3339, or `YYYY-MM-DD[ T]HH:MM[:SS]`
+    /// read as UTC, or `YYYY-MM-DD` alone (the start of that day, UTC).
     pub(crate) fn time(&self, name: &str) -> Result<Option<DateTime<Utc>>, ConsoleError> {
         let Some(text) = self.get(name) else {
             return Ok(None);
@@ -75,7 +75,7 @@ impl Fields {
         .map(|at| Some(at.and_utc()))
         .ok_or_else(|| {
             ConsoleError::BadRequest(format!(
-                "{name} must be a time like 2026-12-06 05:40 (UTC) or RFC 3339, not {text:?}"
+                "{name} must be a time like 2026-12-06 05:40 (UTC), a date like 2026-12-06, or RFC 3339, not {text:?}"
             ))
         })
     }

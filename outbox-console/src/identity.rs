@@ -212,33 +212,37 @@ impl CsrfKey {
     }
 
     /// The confirmation a preview gives `operator` for `action` on `ids`
-    /// (letters: of `letters_of`'s consumer and kind): a run must carry it,
-    /// so that what runs is exactly what a preview showed. The ids count in
-    /// any order.
+    /// (letters: of `letters_of`'s consumer and kind), issued at `issued`
+    /// (Unix seconds): `ISSUED.HASH`. A run must carry it within
+    /// [`CONFIRMATION_TTL`], so that what runs is exactly what a recent
+    /// preview showed. The ids count in any order.
     pub(crate) fn confirmation(
         &self,
         operator: &Operator,
         action: &str,
         letters_of: Option<(&str, &str)>,
         ids: &[String],
+        issued: i64,
     ) -> String {
         let mut ids = ids.to_vec();
         ids.sort_unstable();
         ids.dedup();
         let (consumer, kind) = letters_of.unwrap_or_default();
+        let issued_text = issued.to_string();
         let mut hasher = Sha256::new();
         hasher.update(self.0);
         hasher.update([1]);
-        for part in [operator.0.as_str(), action, consumer, kind] {
+        for part in [operator.0.as_str(), action, consumer, kind, &issued_text] {
             hasher.update(part.as_bytes());
             hasher.update([0]);
         }
         hasher.update(ids.join(",").as_bytes());
-        hex::encode(hasher.finalize())
+        format!("{issued_text}.{}", hex::encode(hasher.finalize()))
     }
 
-    /// Whether `given` is the [`confirmation`](Self::confirmation) of
-    /// these.
+    /// Whether `given` is a [`confirmation`](Self::confirmation) of these,
+    /// issued no longer than [`CONFIRMATION_TTL`] before `now` (Unix
+    /// seconds) and not after it.
     pub(crate) fn confirms(
         &self,
         operator: &Operator,
@@ -246,11 +250,24 @@ impl CsrfKey {
         letters_of: Option<(&str, &str)>,
         ids: &[String],
         given: Option<&str>,
+        now: i64,
     ) -> bool {
-        let expected = self.confirmation(operator, action, letters_of, ids);
-        given.is_some_and(|given| same(given.as_bytes(), expected.as_bytes()))
+        let Some((issued, _)) = given.and_then(|g| g.split_once('.')) else {
+            return false;
+        };
+        let Ok(issued) = issued.parse::<i64>() else {
+            return false;
+        };
+        let fresh = issued <= now + 5 && now - issued <= CONFIRMATION_TTL.as_secs() as i64;
+        let expected = self.confirmation(operator, action, letters_of, ids, issued);
+        fresh && given.is_some_and(|given| same(given.as_bytes(), expected.as_bytes()))
     }
 }
+
+/// How long a preview's confirmation runs its action (15 minutes): a
+/// preview left open longer, or posted again from the history later, is
+/// refused and must be previewed again.
+pub(crate) const CONFIRMATION_TTL: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// Whether a POST comes from another site. Browsers that send
 /// `Sec-Fetch-Site` decide it alone (a proxy in front may rewrite `Host`,
@@ -323,22 +340,46 @@ mod tests {
         let ada = Operator("ada".into());
         let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let billing = Some(("billing", "dead_lettered"));
-        let given = key.confirmation(&ada, "discard", billing, &ids(&["7", "3"]));
-        assert!(key.confirms(&ada, "discard", billing, &ids(&["3", "7"]), Some(&given)));
+        let now = 1_800_000_000;
+        let given = key.confirmation(&ada, "discard", billing, &ids(&["7", "3"]), now);
+        let confirms = |operator: &Operator, action, letters_of, list: &[&str], at| {
+            key.confirms(operator, action, letters_of, &ids(list), Some(&given), at)
+        };
+        assert!(confirms(&ada, "discard", billing, &["3", "7"], now));
+        assert!(confirms(
+            &ada,
+            "discard",
+            billing,
+            &["3", "7"],
+            now + 15 * 60
+        ));
+        assert!(
+            !confirms(&ada, "discard", billing, &["3", "7"], now + 15 * 60 + 1),
+            "expired"
+        );
+        assert!(
+            !confirms(&ada, "discard", billing, &["3", "7"], now - 60),
+            "issued later"
+        );
+        assert!(!confirms(&ada, "discard", billing, &["3", "7", "9"], now));
+        assert!(!confirms(&ada, "discard", billing, &["3"], now));
+        assert!(!confirms(&ada, "replay", billing, &["3", "7"], now));
+        let other = Some(("shipping", "dead_lettered"));
+        assert!(!confirms(&ada, "discard", other, &["3", "7"], now));
+        let bob = Operator("bob".into());
+        assert!(!confirms(&bob, "discard", billing, &["3", "7"], now));
+        assert!(!key.confirms(&ada, "discard", billing, &ids(&["3", "7"]), None, now));
+        // The time is part of what is hashed: moving it breaks the hash.
+        let (_, hash) = given.split_once('.').unwrap();
+        let moved = format!("{}.{hash}", now + 1);
         assert!(!key.confirms(
             &ada,
             "discard",
             billing,
-            &ids(&["3", "7", "9"]),
-            Some(&given)
+            &ids(&["3", "7"]),
+            Some(&moved),
+            now + 1
         ));
-        assert!(!key.confirms(&ada, "discard", billing, &ids(&["3"]), Some(&given)));
-        assert!(!key.confirms(&ada, "replay", billing, &ids(&["3", "7"]), Some(&given)));
-        let other = Some(("shipping", "dead_lettered"));
-        assert!(!key.confirms(&ada, "discard", other, &ids(&["3", "7"]), Some(&given)));
-        let bob = Operator("bob".into());
-        assert!(!key.confirms(&bob, "discard", billing, &ids(&["3", "7"]), Some(&given)));
-        assert!(!key.confirms(&ada, "discard", billing, &ids(&["3", "7"]), None));
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! authentication; `outbox console --listen 127.0.0.1:8080` serves the same
 //! console standalone. Pages are rendered on the server as plain HTML and
 //! forms (they work without JavaScript; one small script, shipped in the
-//! crate, only shows times in the viewer's zone):
+//! crate, shows times and reads typed filter times in the viewer's zone,
+//! ticks all rows of a table, and keeps a confirmed form from being sent
+//! twice by a double click):
 //!
 //! - `/`: the status (backlog and its oldest age, failed, blocked,
 //!   consumers with their lag, duplicates and letters, the relay workers'
@@ -14,13 +16,16 @@
 //! - `/blocked`: aggregates waiting behind a retrying or failed head;
 //! - `/consumers/{consumer}/{quarantined|dead_lettered}`: a consumer's
 //!   letters grouped by error fingerprint (the same failure once, with a
-//!   count, first and last seen, example ids); `…/{id}` one letter;
+//!   count, first and last seen, example ids), one failure's letters a
+//!   page at a time (`?fingerprint=`), or every letter paged (`?list=1`);
+//!   `…/{id}` one letter;
 //! - `/audit`: the audit log.
 //!
 //! Every action (retry or skip a failed head, retry a retrying head now,
 //! republish, replay or discard letters) is a POST carrying a CSRF token,
 //! shows first what it would touch (by id, or by a filter capped at an
-//! explicit limit), and runs only when confirmed with a reason, through the
+//! explicit limit), and runs only when confirmed from that preview (within
+//! 15 minutes, for exactly its ids) with a reason, through the
 //! operations API, which writes the audit row with the operator that
 //! [`Identify`] names. [`Console::read_only`] refuses every action.
 //!

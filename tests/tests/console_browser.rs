@@ -295,7 +295,12 @@ async fn an_operator_finds_inspects_and_repairs_an_incident_in_the_browser() {
 
     // A date alone is the start of that day in the viewer's zone, sent as
     // UTC (JavaScript alone would read it as UTC midnight).
-    let today = (chrono::Utc::now() + chrono::Duration::minutes(330)).date_naive();
+    // (The day the head failed on, in the viewer's zone, so a run across
+    // midnight does not move it.)
+    let created: chrono::DateTime<chrono::Utc> = db
+        .scalar("SELECT min(created_at) FROM {s}.outbox_events")
+        .await;
+    let today = (created + chrono::Duration::minutes(330)).date_naive();
     client
         .goto(&format!("{base}/events?status=failed"))
         .await

@@ -481,41 +481,19 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
     let csrf = page.csrf();
     let head_id = head.to_string();
 
-    // No token, a wrong token, another site: refused, nothing written.
-    post(
+    // No token, a wrong token, another site: refused, nothing written;
+    // each run below carries a valid confirmation of its preview, so what
+    // refuses it is the token or the site, as the answer says.
+    const NO_TOKEN: &str = "missing or wrong CSRF token";
+    let refused = post(
         &router,
         "/actions/preview",
         &[("action", "retry-failed"), ("id", &head_id)],
     )
     .await
     .expect(StatusCode::FORBIDDEN);
+    assert!(refused.body.contains(NO_TOKEN), "{}", refused.body);
     let wrong = "0".repeat(64);
-    post(
-        &router,
-        "/actions/run",
-        &[
-            ("action", "retry-failed"),
-            ("id", &head_id),
-            ("csrf", &wrong),
-            ("reason", "r"),
-        ],
-    )
-    .await
-    .expect(StatusCode::FORBIDDEN);
-    post_with(
-        &router,
-        "/actions/run",
-        &[
-            ("action", "retry-failed"),
-            ("id", &head_id),
-            ("csrf", &csrf),
-            ("reason", "r"),
-        ],
-        &[("origin", "https://evil.example")],
-    )
-    .await
-    .expect(StatusCode::FORBIDDEN);
-    // Every action, without a token or with a wrong one: refused.
     seed_dead_letters(&db).await;
     let letter: i64 = db
         .scalar("SELECT min(id) FROM {s}.outbox_dead_letters")
@@ -534,23 +512,56 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
         } else {
             &head_id
         };
-        for (path, token) in [
-            ("/actions/preview", None),
-            ("/actions/run", None),
-            ("/actions/run", Some(wrong.as_str())),
-        ] {
-            let mut fields = vec![
-                ("action", action),
-                ("id", id.as_str()),
-                ("consumer", "billing"),
-                ("kind", "dead_lettered"),
-                ("reason", "r"),
-            ];
+        let target = [
+            ("action", action),
+            ("id", id.as_str()),
+            ("consumer", "billing"),
+            ("kind", "dead_lettered"),
+        ];
+        let mut previewed = target.to_vec();
+        previewed.push(("csrf", csrf.as_str()));
+        let confirm = post(&router, "/actions/preview", &previewed)
+            .await
+            .expect(StatusCode::OK)
+            .confirm();
+        let mut run = target.to_vec();
+        run.extend([("reason", "r"), ("confirm", confirm.as_str())]);
+        for token in [None, Some(wrong.as_str())] {
+            let mut fields = run.clone();
             fields.extend(token.map(|t| ("csrf", t)));
-            post(&router, path, &fields)
+            let refused = post(&router, "/actions/run", &fields)
                 .await
                 .expect(StatusCode::FORBIDDEN);
+            assert!(
+                refused.body.contains(NO_TOKEN),
+                "{action}: {}",
+                refused.body
+            );
         }
+        let mut fields = run.clone();
+        fields.push(("csrf", csrf.as_str()));
+        let refused = post_with(
+            &router,
+            "/actions/run",
+            &fields,
+            &[("origin", "https://evil.example")],
+        )
+        .await
+        .expect(StatusCode::FORBIDDEN);
+        assert!(
+            refused.body.contains("another site"),
+            "{action}: {}",
+            refused.body
+        );
+        // A token (and confirmation) of another console, another key.
+        let refused = post(&console(&db), "/actions/run", &fields)
+            .await
+            .expect(StatusCode::FORBIDDEN);
+        assert!(
+            refused.body.contains(NO_TOKEN),
+            "{action}: {}",
+            refused.body
+        );
     }
     assert_eq!(
         db.scalar::<i64>("SELECT count(*) FROM {s}.outbox_dead_letters WHERE resolved_at IS NULL AND replay_requested_at IS NULL")
@@ -558,20 +569,6 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
         3,
         "every letter open, none asked to replay"
     );
-    // A token of another console (another key) is refused too.
-    let other_console = console(&db);
-    post(
-        &other_console,
-        "/actions/run",
-        &[
-            ("action", "retry-failed"),
-            ("id", &head_id),
-            ("csrf", &csrf),
-            ("reason", "r"),
-        ],
-    )
-    .await
-    .expect(StatusCode::FORBIDDEN);
     assert_eq!(audit_rows(&db).await, 0);
     assert_eq!(status_of(&db, head).await, "failed");
 
@@ -799,6 +796,13 @@ async fn letters_are_replayed_or_discarded_by_group_up_to_the_limit() {
     post(&router, "/actions/run", &replayed)
         .await
         .expect(StatusCode::FORBIDDEN);
+    let (issued, hash) = confirm.split_once('.').expect("ISSUED.HASH");
+    let older = format!("{}.{hash}", issued.parse::<i64>().unwrap() - 60);
+    let mut moved = fields.clone();
+    moved.push(("confirm", older.as_str()));
+    post(&router, "/actions/run", &moved)
+        .await
+        .expect(StatusCode::FORBIDDEN);
     assert_eq!(audit_rows(&db).await, 0, "nothing ran");
     fields.push(("confirm", confirm.as_str()));
     let done = post(&router, "/actions/run", &fields)
@@ -906,6 +910,17 @@ async fn preview_and_run(
     post(router, "/actions/run", &run)
         .await
         .expect(StatusCode::OK)
+}
+
+/// One event applied by consumer `ledger` (so it has a lag to show).
+async fn seed_applied(db: &TestDb) {
+    create_effects(db).await;
+    let consumer = tick_consumer(db, "ledger", ConsumerConfig::default(), Duration::ZERO, &[]);
+    assert_eq!(
+        consumer.handle_envelope(&tick("l1", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    consumer.flush_stats().await.unwrap();
 }
 
 /// Inserts `count` open dead letters of consumer `bulk` with reasons
@@ -1119,12 +1134,14 @@ async fn a_read_only_console_shows_everything_and_refuses_every_action() {
 async fn the_status_page_flags_by_the_thresholds_it_is_given() {
     let db = TestDb::new().await;
     seed_failed(&db).await;
+    seed_applied(&db).await;
     let pending_age = "the oldest pending event is";
+    let lagging = "consumer ledger: its last applied event was";
     let default = get(&console(&db), "/").await.expect(StatusCode::OK);
     assert!(default.body.contains("event(s) failed"), "{}", default.body);
     assert!(
-        !default.body.contains(pending_age),
-        "a pending event seconds old is within 5 minutes"
+        !default.body.contains(pending_age) && !default.body.contains(lagging),
+        "a pending event seconds old, a consumer seconds behind: within 5 minutes"
     );
     let strict = Console::new(
         Ops::new(db.pool.clone(), db.schema.clone()),
@@ -1132,12 +1149,15 @@ async fn the_status_page_flags_by_the_thresholds_it_is_given() {
     )
     .status_options(outbox_core::ops::StatusOptions {
         max_pending_age: Duration::ZERO,
+        max_consumer_lag: Duration::ZERO,
         ..outbox_core::ops::StatusOptions::default()
     })
     .router();
     let flagged = get(&strict, "/").await.expect(StatusCode::OK);
     assert!(
-        flagged.body.contains(pending_age) && flagged.body.contains("(more than 0 s)"),
+        flagged.body.contains(pending_age)
+            && flagged.body.contains(lagging)
+            && flagged.body.contains("(more than 0 s)"),
         "{}",
         flagged.body
     );
@@ -1381,6 +1401,7 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
     use std::io::BufRead;
     let db = TestDb::new().await;
     seed_failed(&db).await;
+    seed_applied(&db).await;
 
     // A public address without a token is refused before anything is served.
     let refused = console_process(&db, "0.0.0.0:0", &[], &[])
@@ -1424,7 +1445,8 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
     );
     assert!(body.contains("card / ch-1"), "{body}");
     assert!(
-        !body.contains("the oldest pending event is"),
+        !body.contains("the oldest pending event is")
+            && !body.contains("its last applied event was"),
         "seconds old is within the default 5 minutes"
     );
     child.kill().unwrap();
@@ -1441,7 +1463,7 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
         &db,
         "127.0.0.1:0",
         &[("OUTBOX_CONSOLE_TOKEN", token)],
-        &["--max-age", "0s"],
+        &["--max-age", "0s", "--max-lag", "0s"],
     );
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
@@ -1468,6 +1490,10 @@ async fn the_tool_serves_the_console_on_loopback_or_with_a_token_only() {
     assert!(
         body.contains("the oldest pending event is") && body.contains("(more than 0 s)"),
         "--max-age 0s flags any pending event: {body}"
+    );
+    assert!(
+        body.contains("consumer ledger: its last applied event was"),
+        "--max-lag 0s flags any lag: {body}"
     );
     child.kill().unwrap();
     let _ = child.wait();
@@ -1513,17 +1539,6 @@ async fn posts_from_other_sites_and_requests_for_other_hosts_are_refused() {
         ("csrf", csrf.as_str()),
         ("reason", "r"),
     ];
-    for headers in [
-        vec![("sec-fetch-site", "cross-site")],
-        vec![("sec-fetch-site", "same-site")],
-        vec![("origin", "null")],
-        vec![("origin", "https://evil.example")],
-    ] {
-        post_with(&router, "/actions/run", &run, &headers)
-            .await
-            .expect(StatusCode::FORBIDDEN);
-    }
-    assert_eq!(audit_rows(&db).await, 0);
     // A browser's same-origin POSTs through a proxy that rewrote Host.
     let same_origin = [
         ("sec-fetch-site", "same-origin"),
@@ -1535,6 +1550,23 @@ async fn posts_from_other_sites_and_requests_for_other_hosts_are_refused() {
     let confirm = preview.confirm();
     let mut confirmed = run.to_vec();
     confirmed.push(("confirm", confirm.as_str()));
+    // With everything else right, another site's POST is refused.
+    for headers in [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site")],
+        vec![("origin", "null")],
+        vec![("origin", "https://evil.example")],
+    ] {
+        let refused = post_with(&router, "/actions/run", &confirmed, &headers)
+            .await
+            .expect(StatusCode::FORBIDDEN);
+        assert!(
+            refused.body.contains("another site"),
+            "{headers:?}: {}",
+            refused.body
+        );
+    }
+    assert_eq!(audit_rows(&db).await, 0);
     post_with(&router, "/actions/run", &confirmed, &same_origin)
         .await
         .expect(StatusCode::OK);

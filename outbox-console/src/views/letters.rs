@@ -88,6 +88,23 @@ pub(crate) async fn scan<S: ConsoleStore>(
     Ok((scan.letters, scan.stopped_at.is_some()))
 }
 
+/// The oldest `limit` letters matching `filter`.
+pub(crate) async fn first_letters<S: ConsoleStore>(
+    store: &S,
+    filter: LetterFilter,
+    limit: usize,
+) -> Result<Vec<LetterRecord>, ConsoleError> {
+    let scan = scan_letters(
+        |filter| letters_of(store, filter),
+        filter,
+        None,
+        limit,
+        limit,
+    )
+    .await?;
+    Ok(scan.letters)
+}
+
 /// The oldest `limit` letters of one fingerprint among those matching
 /// `filter` (reading at most [`REPAIR_SCAN`], as the tool's repairs do).
 pub(crate) async fn group_members<S: ConsoleStore>(
@@ -189,7 +206,12 @@ pub(crate) async fn list<S: ConsoleStore>(
             (super::time_input("since", "since", &fields))
             (super::time_input("until", "until", &fields))
             label { "closed too" input type="checkbox" name="resolved" value="1" checked[fields.get("resolved").is_some()]; }
-            @if listed && selected.is_none() { input type="hidden" name="list" value="1"; }
+            @if let Some(fingerprint) = &selected {
+                input type="hidden" name="fingerprint" value=(fingerprint);
+            } @else if listed {
+                input type="hidden" name="list" value="1";
+                (super::rows_select(page_limit(fields.number("limit")?)))
+            }
             button type="submit" { "Filter" }
         }
         @match &shown {

@@ -123,10 +123,11 @@ where
             cut_short: false,
         });
     }
+    let cut_short = scan.stopped_at.is_some() && letters.len() < page_size;
     Ok(FingerprintPage {
         letters,
         next: scan.stopped_at,
-        cut_short: scan.stopped_at.is_some(),
+        cut_short,
     })
 }
 
@@ -211,6 +212,34 @@ mod tests {
         // Two bounds of 1,000 letters of A with none of B, then the last
         // 500 of A and 100 of B fill a page; then the rest.
         assert_eq!(pages, vec![(0, true), (0, true), (100, false), (30, false)]);
+    }
+
+    #[tokio::test]
+    async fn a_page_that_fills_up_at_the_read_bound_is_not_cut_short() {
+        // 900 of A, then 100 of B, then more of A: the 100th of B is the
+        // 1,000th letter read.
+        let all: Vec<LetterRecord> = (1..=1200)
+            .map(|id| {
+                if (901..=1000).contains(&id) {
+                    letter(id, &format!("refused the charge of order {id}"))
+                } else {
+                    letter(id, "the ledger is closed")
+                }
+            })
+            .collect();
+        let refused = error_fingerprint("refused the charge of order 1");
+        let page = fingerprint_page(
+            |f| serve(&all, f),
+            LetterFilter::default(),
+            &refused,
+            100,
+            1000,
+        )
+        .await
+        .unwrap();
+        assert_eq!(page.letters.len(), 100);
+        assert!(!page.cut_short, "a full page");
+        assert_eq!(page.next, Some(1000), "goes on after the last one shown");
     }
 
     #[tokio::test]
