@@ -24,23 +24,21 @@ pub struct Page {
 impl Page {
     /// The CSRF token of the first action form on the page.
     pub fn csrf(&self) -> String {
-        let marker = "name=\"csrf\" value=\"";
-        let start = self
-            .body
-            .find(marker)
-            .unwrap_or_else(|| panic!("no CSRF field on the page:\n{}", self.body))
-            + marker.len();
-        let end = self.body[start..].find('"').expect("the field's end") + start;
-        self.body[start..end].to_owned()
+        self.hidden("csrf")
     }
 
     /// The confirmation a preview page gives its run form.
     pub fn confirm(&self) -> String {
-        let marker = "name=\"confirm\" value=\"";
+        self.hidden("confirm")
+    }
+
+    /// The value of the page's first field called `name`.
+    fn hidden(&self, name: &str) -> String {
+        let marker = format!("name=\"{name}\" value=\"");
         let start = self
             .body
-            .find(marker)
-            .unwrap_or_else(|| panic!("no confirmation on the page:\n{}", self.body))
+            .find(&marker)
+            .unwrap_or_else(|| panic!("no {name} field on the page:\n{}", self.body))
             + marker.len();
         let end = self.body[start..].find('"').expect("the field's end") + start;
         self.body[start..end].to_owned()

@@ -112,6 +112,29 @@ async fn seed_failed_publishing(db: &TestDb) -> ((Uuid, Uuid), Vec<Envelope>) {
     ((id_of("ch-1"), id_of("ch-2")), transport.published())
 }
 
+/// Every action the console offers.
+const ACTIONS: [&str; 6] = [
+    "retry-failed",
+    "skip-failed",
+    "republish",
+    "retry-blocked",
+    "replay",
+    "discard",
+];
+
+/// Whether `action` acts on letters (else on events).
+fn is_letter_action(action: &str) -> bool {
+    matches!(action, "replay" | "discard")
+}
+
+/// The dead letters of [`seed_dead_letters`]; the oldest one's id.
+async fn seed_letter(db: &TestDb) -> String {
+    seed_dead_letters(db).await;
+    db.scalar::<i64>("SELECT min(id) FROM {s}.outbox_dead_letters")
+        .await
+        .to_string()
+}
+
 /// Three dead letters of consumer `billing` with one failure (the handler
 /// refuses counters c1..c3) and one with another failure shape.
 async fn seed_dead_letters(db: &TestDb) {
@@ -494,20 +517,9 @@ async fn an_action_needs_the_token_shows_what_it_touches_and_is_audited() {
     .expect(StatusCode::FORBIDDEN);
     assert!(refused.body.contains(NO_TOKEN), "{}", refused.body);
     let wrong = "0".repeat(64);
-    seed_dead_letters(&db).await;
-    let letter: i64 = db
-        .scalar("SELECT min(id) FROM {s}.outbox_dead_letters")
-        .await;
-    let letter_id = letter.to_string();
-    for action in [
-        "retry-failed",
-        "skip-failed",
-        "republish",
-        "retry-blocked",
-        "replay",
-        "discard",
-    ] {
-        let id = if matches!(action, "replay" | "discard") {
+    let letter_id = seed_letter(&db).await;
+    for action in ACTIONS {
+        let id = if is_letter_action(action) {
             &letter_id
         } else {
             &head_id
@@ -1077,20 +1089,9 @@ async fn a_read_only_console_shows_everything_and_refuses_every_action() {
         "no action buttons:\n{}",
         page.body
     );
-    seed_dead_letters(&db).await;
-    let letter: i64 = db
-        .scalar("SELECT min(id) FROM {s}.outbox_dead_letters")
-        .await;
-    let (head_id, letter_id) = (head.to_string(), letter.to_string());
-    for action in [
-        "retry-failed",
-        "skip-failed",
-        "republish",
-        "retry-blocked",
-        "replay",
-        "discard",
-    ] {
-        let id = if matches!(action, "replay" | "discard") {
+    let (head_id, letter_id) = (head.to_string(), seed_letter(&db).await);
+    for action in ACTIONS {
+        let id = if is_letter_action(action) {
             &letter_id
         } else {
             &head_id

@@ -209,7 +209,7 @@ pub fn group_by_error(letters: &[LetterRecord]) -> Vec<ErrorGroup> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -231,7 +231,9 @@ mod tests {
         assert_eq!(utc_time(&at), "2026-12-06 10:40:05 UTC");
     }
 
-    fn letter(id: i64, reason: &str, minute: u32) -> LetterRecord {
+    /// A dead letter of `billing` with `reason`, written at 05:`minute` on
+    /// 2026-12-06 (also the letters of the scan's tests).
+    pub(crate) fn letter(id: i64, reason: &str, minute: u32) -> LetterRecord {
         use chrono::TimeZone;
         LetterRecord {
             id,

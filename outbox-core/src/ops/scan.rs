@@ -138,27 +138,7 @@ mod tests {
     use super::*;
 
     fn letter(id: i64, reason: &str) -> LetterRecord {
-        LetterRecord {
-            id,
-            consumer: "c".into(),
-            kind: "dead_lettered".into(),
-            event_id: None,
-            event_type: None,
-            schema_version: None,
-            aggregate_type: None,
-            aggregate_id: None,
-            aggregate_version: None,
-            headers: serde_json::Value::Null,
-            payload: serde_json::Value::Null,
-            reason: reason.into(),
-            attempts: 1,
-            created_at: chrono::Utc::now(),
-            resolved_at: None,
-            resolution: None,
-            replays: 0,
-            last_replay_error: None,
-            replay_requested_at: None,
-        }
+        crate::ops::format::tests::letter(id, reason, 0)
     }
 
     /// Letters 1..=2500 of failure A, then 2501..=2630 of failure B (each
