@@ -16,8 +16,8 @@ use outbox_core::audit::RepairRequest;
 use outbox_core::consumer::HandlerError;
 use outbox_core::consumer::Incoming;
 use outbox_core::consumer::store::{
-    ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
-    StrictClaim,
+    CheckedCommit, ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position,
+    StoredLetter, StrictClaim,
 };
 use outbox_core::consumer::{HANDLER_ENDED_TRANSACTION, SWALLOWED};
 use outbox_core::store::SchemaName;
@@ -732,6 +732,44 @@ impl ConsumerStore for PgConsumerStore {
                 Err(HandlerError::retryable(HANDLER_ENDED_TRANSACTION))
             }
             Err(error) => Err(HandlerError::retryable(error)),
+        }
+    }
+
+    /// The check of [`transaction_intact`](Self::transaction_intact) and
+    /// the commit in one round trip: `RELEASE SAVEPOINT outbox_message;
+    /// COMMIT; BEGIN` as one simple query. PostgreSQL runs its statements
+    /// in order and stops at the first error, so a failed check (the same
+    /// three SQLSTATEs) commits nothing and hands the transaction back;
+    /// any other error is the commit's. The trailing `BEGIN` opens an
+    /// empty transaction that takes the place of the committed one in
+    /// sqlx's books: dropping `tx` queues its `ROLLBACK`, which goes out
+    /// with the connection's next round trip (the pool's check when the
+    /// connection returns to it), so no one waits for it.
+    async fn commit_checked(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+    ) -> sqlx::Result<CheckedCommit<Postgres>> {
+        match sqlx::raw_sql("RELEASE SAVEPOINT outbox_message; COMMIT; BEGIN")
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(_) => {
+                drop(tx);
+                Ok(CheckedCommit::Committed)
+            }
+            Err(error) if crate::has_sqlstate(&error, "25P02") => Ok(CheckedCommit::HandlerFailed(
+                tx,
+                HandlerError::retryable(SWALLOWED),
+            )),
+            Err(error)
+                if crate::has_sqlstate(&error, "25P01") || crate::has_sqlstate(&error, "3B001") =>
+            {
+                Ok(CheckedCommit::HandlerFailed(
+                    tx,
+                    HandlerError::retryable(HANDLER_ENDED_TRANSACTION),
+                ))
+            }
+            Err(error) => Err(error),
         }
     }
 

@@ -714,28 +714,69 @@ async fn a_message_that_kills_its_handler_every_time_ends_in_dead_letters_after_
     db.drop_schema().await;
 }
 
+/// Under each policy, for an aggregate's first version and for a later
+/// one (whose strict position the claim moves at once, so that the
+/// transaction is checked in the commit's own round trip).
 #[tokio::test]
 async fn a_handler_that_swallows_a_statement_error_does_not_get_its_message_acknowledged() {
     let db = setup().await;
-    let consumer = ConsumerBuilder::new("swallows")
-        .retry(fast_retry(3))
-        .on_fn::<Ticked, _>(|_, tx| {
-            Box::pin(async move {
-                // The error is caught and ignored; the transaction is now failed.
-                let _ = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
-                Ok(())
+    for (name, ordering) in [
+        ("swallows", Ordering::Unordered),
+        ("swallows-stale", Ordering::RejectStale),
+        ("swallows-strict", STRICT),
+    ] {
+        let consumer = ConsumerBuilder::new(name)
+            .ordering(ordering)
+            .retry(fast_retry(3))
+            .on_fn::<Ticked, _>(|tick, tx| {
+                Box::pin(async move {
+                    // "first" swallows at version 1, "later" at version 2.
+                    let swallow = match tick.event.counter.as_str() {
+                        "first" => tick.meta.aggregate_version == 1,
+                        _ => tick.meta.aggregate_version == 2,
+                    };
+                    if swallow {
+                        // The error is caught and ignored; the transaction is now failed.
+                        let _ = sqlx::query("SELECT 1 / 0").execute(&mut *tx).await;
+                    }
+                    Ok(())
+                })
             })
-        })
-        .build(db.pool.clone(), db.schema.clone())
-        .unwrap();
-    match consumer.handle_envelope(&tick("z", 1)).await.unwrap() {
-        Outcome::Retry { error, .. } => assert!(error.contains("error was swallowed"), "{error}"),
-        other => panic!("expected a retry, got {other:?}"),
+            .build(db.pool.clone(), db.schema.clone())
+            .unwrap();
+        assert_eq!(
+            consumer.handle_envelope(&tick("later", 1)).await.unwrap(),
+            Outcome::Applied,
+            "{name}"
+        );
+        for (counter, version) in [("first", 1), ("later", 2)] {
+            match consumer
+                .handle_envelope(&tick(counter, version))
+                .await
+                .unwrap()
+            {
+                Outcome::Retry { error, .. } => {
+                    assert!(error.contains("error was swallowed"), "{name}: {error}")
+                }
+                other => panic!("{name}, {counter} v{version}: expected a retry, got {other:?}"),
+            }
+        }
+        let inbox: i64 = db
+            .scalar(&format!(
+                "SELECT count(*) FROM {{s}}.outbox_processed_events WHERE consumer_name = '{name}'"
+            ))
+            .await;
+        assert_eq!(inbox, 1, "{name}: only later v1 was recorded as processed");
+        let position: Option<i64> = db
+            .scalar(&format!(
+                "SELECT max(version) FROM {{s}}.outbox_consumer_positions
+                 WHERE consumer_name = '{name}' AND aggregate_id = 'later'"
+            ))
+            .await;
+        if name != "swallows" {
+            assert_eq!(position, Some(1), "{name}: the position stays at version 1");
+        }
     }
-    let inbox: i64 = db
-        .scalar("SELECT count(*) FROM {s}.outbox_processed_events")
-        .await;
-    assert_eq!(inbox, 0, "nothing was recorded as processed");
     db.drop_schema().await;
 }
 

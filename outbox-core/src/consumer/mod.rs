@@ -71,7 +71,7 @@ pub use source::{
     ChannelDelivery, ChannelSender, ChannelSource, ChannelStats, ChannelStatsHandle, Delivery,
     MessageSource, SourceError, channel,
 };
-pub use store::{ConsumerStore, StoreConnection};
+pub use store::{CheckedCommit, ConsumerStore, StoreConnection};
 pub use strict::SweepReport;
 
 pub use config::validate_name as validate_consumer_name;

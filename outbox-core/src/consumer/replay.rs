@@ -455,7 +455,9 @@ impl<S: ConsumerStore> Consumer<S> {
                                 .run_handler(dispatch, decoded, &envelope, 1, &mut tx)
                                 .await
                             {
-                                Ok(()) => self.after_handler(&mut tx, &envelope, None).await?,
+                                Ok(()) => {
+                                    self.after_handler(&mut tx, &envelope, None, false).await?
+                                }
                                 Err(error) => Err(error),
                             };
                             match result {

@@ -32,6 +32,16 @@ use crate::envelope::Envelope;
 /// receive.
 pub type StoreConnection<S> = <<S as ConsumerStore>::Db as Database>::Connection;
 
+/// What [`ConsumerStore::commit_checked`] did with a handler's transaction.
+#[derive(Debug)]
+pub enum CheckedCommit<DB: Database> {
+    /// The transaction was intact and is committed.
+    Committed,
+    /// The handler left the transaction failed or ended it itself: not
+    /// committed; the transaction comes back for the engine to roll back.
+    HandlerFailed(sqlx::Transaction<'static, DB>, HandlerError),
+}
+
 /// What a letter records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LetterKind {
@@ -247,6 +257,27 @@ pub trait ConsumerStore: Send + Sync + 'static {
         &self,
         conn: &mut StoreConnection<Self>,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Checks the transaction as [`transaction_intact`](Self::transaction_intact)
+    /// does and, when it is intact, commits it. A failed check is a failed
+    /// handler attempt and hands the transaction back
+    /// ([`CheckedCommit::HandlerFailed`]) for the engine to roll back or
+    /// record a retry in; an `Err` is a database error of the commit. The
+    /// default runs the check, then `COMMIT`; a store whose database takes
+    /// several statements in one round trip may send both at once
+    /// (PostgreSQL does), which the one-message path pays per message.
+    fn commit_checked(
+        &self,
+        mut tx: sqlx::Transaction<'static, Self::Db>,
+    ) -> impl Future<Output = sqlx::Result<CheckedCommit<Self::Db>>> + Send {
+        async move {
+            if let Err(error) = self.transaction_intact(&mut tx).await {
+                return Ok(CheckedCommit::HandlerFailed(tx, error));
+            }
+            tx.commit().await?;
+            Ok(CheckedCommit::Committed)
+        }
+    }
 
     /// Counts a handler start of a redelivered message (its own
     /// connection, committed before the handler runs); returns the start
