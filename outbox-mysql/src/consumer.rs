@@ -49,8 +49,8 @@ use chrono::{DateTime, Utc};
 use outbox_core::Envelope;
 use outbox_core::audit::RepairRequest;
 use outbox_core::consumer::store::{
-    CheckedCommit, ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position,
-    StoredLetter, StrictClaim, parked_letter_parts,
+    ConsumerStore, ExpiredAggregate, Letter, MovedPosition, ParkedMessage, Position, StoredLetter,
+    StrictClaim, parked_letter_parts,
 };
 use outbox_core::consumer::{HANDLER_ENDED_TRANSACTION, HandlerError, Incoming};
 use sqlx::mysql::MySqlRow;
@@ -399,38 +399,6 @@ impl ConsumerStore for MySqlConsumerStore {
                 Err(HandlerError::retryable(ENDED))
             }
             Err(error) => Err(HandlerError::retryable(error)),
-        }
-    }
-
-    /// The check of [`transaction_intact`](Self::transaction_intact) and
-    /// the commit in one round trip: `RELEASE SAVEPOINT outbox_message;
-    /// COMMIT; START TRANSACTION` as one multi-statement query. The server
-    /// stops at the first statement that fails, so a missing savepoint
-    /// commits nothing and hands the transaction back; any other error is
-    /// the commit's. The trailing `START TRANSACTION` opens an empty
-    /// transaction that takes the committed one's place in sqlx's books:
-    /// dropping `tx` queues its `ROLLBACK`, read back before the
-    /// connection's next use.
-    async fn commit_checked(
-        &self,
-        mut tx: Transaction<'static, MySql>,
-    ) -> sqlx::Result<CheckedCommit<MySql>> {
-        match sqlx::raw_sql("RELEASE SAVEPOINT outbox_message; COMMIT; START TRANSACTION")
-            .execute(&mut *tx)
-            .await
-        {
-            Ok(_) => {
-                drop(tx);
-                Ok(CheckedCommit::Committed)
-            }
-            Err(error) if is_server_error(&error, NO_SUCH_SAVEPOINT) => {
-                tracing::debug!(%error, "{HANDLER_ENDED_TRANSACTION}");
-                Ok(CheckedCommit::HandlerFailed(
-                    tx,
-                    HandlerError::retryable(ENDED),
-                ))
-            }
-            Err(error) => Err(error),
         }
     }
 

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, Either, PgConnection, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use crate::audit::AuditSql;
@@ -631,6 +632,20 @@ impl PgConsumerStore {
     }
 }
 
+/// What a failed release of the message's savepoint says: 25P02, the
+/// handler caught a statement's error and went on; 25P01 (no transaction)
+/// or 3B001 (no such savepoint, in a transaction the handler began), the
+/// handler ended ours; anything else, the attempt failed with it.
+fn failed_check(error: sqlx::Error) -> HandlerError {
+    if crate::has_sqlstate(&error, "25P02") {
+        HandlerError::retryable(SWALLOWED)
+    } else if crate::has_sqlstate(&error, "25P01") || crate::has_sqlstate(&error, "3B001") {
+        HandlerError::retryable(HANDLER_ENDED_TRANSACTION)
+    } else {
+        HandlerError::retryable(error)
+    }
+}
+
 /// Cuts a handler's statements off after `timeout`, and takes the
 /// savepoint `transaction_intact` looks for (same round trip as BEGIN).
 fn begin_sql(timeout: Duration) -> String {
@@ -718,58 +733,52 @@ impl ConsumerStore for PgConsumerStore {
     /// when the handler ended ours. The savepoint is taken anew for the
     /// next handler of a batch.
     async fn transaction_intact(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
-        match sqlx::raw_sql("RELEASE SAVEPOINT outbox_message; SAVEPOINT outbox_message")
+        sqlx::raw_sql("RELEASE SAVEPOINT outbox_message; SAVEPOINT outbox_message")
             .execute(&mut *conn)
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(error) if crate::has_sqlstate(&error, "25P02") => {
-                Err(HandlerError::retryable(SWALLOWED))
-            }
-            Err(error)
-                if crate::has_sqlstate(&error, "25P01") || crate::has_sqlstate(&error, "3B001") =>
-            {
-                Err(HandlerError::retryable(HANDLER_ENDED_TRANSACTION))
-            }
-            Err(error) => Err(HandlerError::retryable(error)),
-        }
+            .map(|_| ())
+            .map_err(failed_check)
     }
 
     /// The check of [`transaction_intact`](Self::transaction_intact) and
     /// the commit in one round trip: `RELEASE SAVEPOINT outbox_message;
     /// COMMIT; BEGIN` as one simple query. PostgreSQL runs its statements
-    /// in order and stops at the first error, so a failed check (the same
-    /// three SQLSTATEs) commits nothing and hands the transaction back;
-    /// any other error is the commit's. The trailing `BEGIN` opens an
-    /// empty transaction that takes the place of the committed one in
+    /// in order and stops at the first error: an error before the first
+    /// statement completed is the check's (a failed attempt, mapped as
+    /// `transaction_intact` maps it, nothing committed, the transaction
+    /// handed back); one after it is the commit's. The trailing `BEGIN`
+    /// opens an empty transaction that takes the committed one's place in
     /// sqlx's books: dropping `tx` queues its `ROLLBACK`, which goes out
-    /// with the connection's next round trip (the pool's check when the
-    /// connection returns to it), so no one waits for it.
+    /// with the pool's check of the returned connection (one round trip,
+    /// which that check makes anyway).
     async fn commit_checked(
         &self,
         mut tx: Transaction<'static, Postgres>,
     ) -> sqlx::Result<CheckedCommit<Postgres>> {
-        match sqlx::raw_sql("RELEASE SAVEPOINT outbox_message; COMMIT; BEGIN")
-            .execute(&mut *tx)
-            .await
-        {
-            Ok(_) => {
+        let failure = {
+            let mut results = sqlx::raw_sql("RELEASE SAVEPOINT outbox_message; COMMIT; BEGIN")
+                .fetch_many(&mut *tx);
+            let mut completed = 0;
+            let mut failure = None;
+            while let Some(result) = results.next().await {
+                match result {
+                    Ok(Either::Left(_)) => completed += 1,
+                    Ok(Either::Right(_)) => {}
+                    Err(error) => {
+                        failure = Some((completed, error));
+                        break;
+                    }
+                }
+            }
+            failure
+        };
+        match failure {
+            None => {
                 drop(tx);
                 Ok(CheckedCommit::Committed)
             }
-            Err(error) if crate::has_sqlstate(&error, "25P02") => Ok(CheckedCommit::HandlerFailed(
-                tx,
-                HandlerError::retryable(SWALLOWED),
-            )),
-            Err(error)
-                if crate::has_sqlstate(&error, "25P01") || crate::has_sqlstate(&error, "3B001") =>
-            {
-                Ok(CheckedCommit::HandlerFailed(
-                    tx,
-                    HandlerError::retryable(HANDLER_ENDED_TRANSACTION),
-                ))
-            }
-            Err(error) => Err(error),
+            Some((0, error)) => Ok(CheckedCommit::HandlerFailed(tx, failed_check(error))),
+            Some((_, error)) => Err(error),
         }
     }
 

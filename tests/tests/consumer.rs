@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::consumer::{
-    BuildError, ConsumerBuilder, ConsumerConfig, Incoming, Ordering, Outcome, RetryPolicy, channel,
-    idempotency_key,
+    BuildError, ConsumerBuilder, ConsumerConfig, HandlerError, Incoming, Ordering, Outcome,
+    RetryPolicy, channel, idempotency_key,
 };
 use outbox_core::metrics as m;
 use outbox_core::relay::Backoff;
@@ -777,6 +777,70 @@ async fn a_handler_that_swallows_a_statement_error_does_not_get_its_message_ackn
             assert_eq!(position, Some(1), "{name}: the position stays at version 1");
         }
     }
+    db.drop_schema().await;
+}
+
+/// A COMMIT that fails (a deferred constraint the handler's row breaks) is
+/// a database error, not an applied message, on the path where the check
+/// after the handler rides on the commit: nothing of the transaction
+/// commits (no inbox row, no position, no effect), and the redelivery,
+/// once the row it refers to exists, applies it once.
+#[tokio::test]
+async fn a_commit_that_fails_settles_nothing_and_the_redelivery_applies_it() {
+    let db = setup().await;
+    db.execute("CREATE TABLE {s}.parents (id text PRIMARY KEY)")
+        .await;
+    db.execute(
+        "CREATE TABLE {s}.children (parent text NOT NULL
+             REFERENCES {s}.parents (id) DEFERRABLE INITIALLY DEFERRED)",
+    )
+    .await;
+    let insert = format!(
+        "INSERT INTO {}.children (parent) VALUES ($1)",
+        db.schema.quoted()
+    );
+    let consumer = ConsumerBuilder::new("deferred")
+        .ordering(Ordering::RejectStale)
+        .retry(fast_retry(3))
+        .on_fn::<Ticked, _>(move |tick, tx| {
+            let insert = insert.clone();
+            Box::pin(async move {
+                sqlx::query(sqlx::AssertSqlSafe(insert))
+                    .bind(&tick.event.counter)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(HandlerError::retryable)?;
+                Ok(())
+            })
+        })
+        .build(db.pool.clone(), db.schema.clone())
+        .unwrap();
+    let event = tick("orphan", 1);
+    let error = consumer.handle_envelope(&event).await.unwrap_err();
+    assert_eq!(
+        error.doing, "committing the handler's transaction",
+        "{error}"
+    );
+    assert!(error.to_string().contains("foreign key"), "{error}");
+    let settled: i64 = db
+        .scalar(
+            "SELECT (SELECT count(*) FROM {s}.outbox_processed_events)
+                  + (SELECT count(*) FROM {s}.outbox_consumer_positions)
+                  + (SELECT count(*) FROM {s}.children)",
+        )
+        .await;
+    assert_eq!(settled, 0, "no inbox row, position or effect committed");
+    db.execute("INSERT INTO {s}.parents (id) VALUES ('orphan')")
+        .await;
+    assert_eq!(
+        consumer
+            .handle(&Incoming::from_envelope(&event, 2))
+            .await
+            .unwrap(),
+        Outcome::Applied
+    );
+    let children: i64 = db.scalar("SELECT count(*) FROM {s}.children").await;
+    assert_eq!(children, 1);
     db.drop_schema().await;
 }
 

@@ -260,12 +260,14 @@ pub trait ConsumerStore: Send + Sync + 'static {
 
     /// Checks the transaction as [`transaction_intact`](Self::transaction_intact)
     /// does and, when it is intact, commits it. A failed check is a failed
-    /// handler attempt and hands the transaction back
+    /// handler attempt, whatever the check's error (as with
+    /// `transaction_intact`), and hands the transaction back
     /// ([`CheckedCommit::HandlerFailed`]) for the engine to roll back or
     /// record a retry in; an `Err` is a database error of the commit. The
     /// default runs the check, then `COMMIT`; a store whose database takes
     /// several statements in one round trip may send both at once
-    /// (PostgreSQL does), which the one-message path pays per message.
+    /// (PostgreSQL's store does): a round trip the one-message path would
+    /// pay per message.
     fn commit_checked(
         &self,
         mut tx: sqlx::Transaction<'static, Self::Db>,
