@@ -22,7 +22,6 @@ use outbox_core::ops::{EventFilter, EventStatus, LetterFilter, LetterKind};
 use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::PublishFailure;
 use outbox_postgres::Ops;
-use outbox_postgres::PgRelayStore;
 use outbox_tests::console::{get, post, post_with};
 use outbox_tests::consumers::{create_effects, effect_handler, tick, tick_consumer};
 use outbox_tests::events::{CardCharged, ParcelBooked, ParcelBookedV2};
@@ -72,15 +71,14 @@ async fn seed_failed_publishing(db: &TestDb) -> ((Uuid, Uuid), Vec<Envelope>) {
         stats_interval: Duration::ZERO,
         ..RelayConfig::default()
     };
-    let store = PgRelayStore::new(
+    let relay = Relay::start_postgres(
         db.pool.clone(),
         db.schema.clone(),
-        config.failed_head_policy,
-        config.claim_timeout,
-    );
-    let relay = Relay::start(store, transport.clone(), config, "console")
-        .await
-        .unwrap();
+        transport.clone(),
+        config,
+    )
+    .await
+    .unwrap();
     wait::until(
         "both first versions failed, ch-3 published",
         Duration::from_secs(20),
@@ -1691,13 +1689,7 @@ async fn a_retrying_head_is_tried_now_and_the_preview_names_it() {
         },
         ..RelayConfig::default()
     };
-    let store = PgRelayStore::new(
-        db.pool.clone(),
-        db.schema.clone(),
-        config.failed_head_policy,
-        config.claim_timeout,
-    );
-    let relay = Relay::start(store, transport, config, "console")
+    let relay = Relay::start_postgres(db.pool.clone(), db.schema.clone(), transport, config)
         .await
         .unwrap();
     wait::until(
