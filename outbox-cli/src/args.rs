@@ -15,8 +15,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 )]
 pub(crate) struct Cli {
     /// The service's database: `postgres://…`, a SQLite file
-    /// (`sqlite://app.db`) or MySQL/MariaDB (`mysql://…`); on the last
-    /// two the relay's commands, not the consumer's.
+    /// (`sqlite://app.db`) or MySQL/MariaDB (`mysql://…`); every command
+    /// works on all three.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(crate) database_url: Option<String>,
     /// The schema that holds the outbox tables (PostgreSQL).
@@ -142,7 +142,7 @@ pub(crate) enum Command {
         who: Who,
     },
     /// Apply the outbox migrations (PostgreSQL: to the schema; SQLite: to
-    /// the file, created if missing).
+    /// the file, created if missing; MySQL/MariaDB: to the database).
     Migrate,
     /// Serve the web console: the status, failed events, blocked
     /// aggregates, letters grouped by error and the audit log, with audited

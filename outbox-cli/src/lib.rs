@@ -2,7 +2,7 @@
 //!
 //! The `outbox` operator tool over [`outbox_core::ops`]: `status`,
 //! `failed list|show|retry|skip`, `events list|show|republish`,
-//! `blocked list`, `quarantine` and `dead-letters list|show|replay|discard`,
+//! `blocked list|retry`, `quarantine` and `dead-letters list|show|replay|discard`,
 //! `positions show|pass`, `audit list`, `cleanup`, `migrate`,
 //! `registry check|diff|…`. Human tables by default, `--json` for scripts.
 //! Exit codes: 0 ok; 1 `status --check` found problems, a repair left some

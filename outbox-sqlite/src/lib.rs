@@ -18,7 +18,9 @@
 //!   listings with filters and pages (payloads redacted), the audit log,
 //!   retention, and repairs of what the relay could not publish (retry or
 //!   skip a failed head, retry a blocked one now, publish again), by id,
-//!   with a reason and an audit row. The `outbox` CLI runs on it with
+//!   with a reason and an audit row; and the consumer's side
+//!   ([`outbox_core::ops::LetterStore`]): letters, positions and replay
+//!   requests. The `outbox` CLI and the console run on it with
 //!   `--database-url sqlite://…`.
 //! - [`connect`] opens a pool with the settings the guarantees rest on
 //!   (WAL, `synchronous = FULL`, a busy timeout); [`migrate`] creates the
@@ -54,10 +56,6 @@
 //!   IMMEDIATE`. Handlers receive `&mut SqliteConnection`; build the
 //!   consumer with `ConsumerBuilder::for_connection(name) …
 //!   .build_on(SqliteConsumerStore::new(pool))`.
-//!
-//! What is not here yet: the operations API and the CLI read the relay's
-//! side only (not letters, positions or replay requests); see the README's
-//! SQLite section.
 
 mod connect;
 mod consumer;
