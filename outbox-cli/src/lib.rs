@@ -3,11 +3,12 @@
 //! The `outbox` operator tool over [`outbox_core::ops`]: `status`,
 //! `failed list|show|retry|skip`, `events list|show|republish`,
 //! `blocked list|retry`, `quarantine` and `dead-letters list|show|replay|discard`,
-//! `positions show|pass`, `audit list`, `cleanup`, `migrate`,
+//! `positions show|pass`, `audit list`, `cleanup`, `migrate`, `console`,
 //! `registry check|diff|…`. Human tables by default, `--json` for scripts.
 //! Exit codes: 0 ok; 1 `status --check` found problems, a repair left some
-//! of the ids it named unchanged, or a replay waited for left its letter
-//! open or did not run in time; 2
+//! of the ids it named unchanged, or a replay waited for did not apply its
+//! event (applied, already applied or an ignored type count as done) or
+//! did not run in time; 2
 //! bad usage, a refused repair or no database. The runbook is
 //! `docs/operations.md` in the repository.
 //!
@@ -273,7 +274,7 @@ pub(crate) async fn relay_command<O: OperationsStore>(
             cleanup(ops, out, &plan, &who).await
         }
         Command::Quarantine { .. } | Command::DeadLetters { .. } | Command::Positions { .. } => {
-            Err("quarantine, dead letters and positions are a consumer's tables, which this store does not keep (the MySQL store has the relay's side only so far): run consumers on PostgreSQL or SQLite".to_owned())
+            Err("quarantine, dead letters and positions are a consumer's tables, which this store's operations do not read (they implement OperationsStore but not LetterStore)".to_owned())
         }
         Command::Migrate | Command::Registry { .. } | Command::Console(_) => Ok(EXIT_OK),
     }
