@@ -18,7 +18,9 @@ pub enum ConsoleError {
     #[error("bad request: {0}")]
     BadRequest(String),
     /// The request may not do this (read-only console, a missing or wrong
-    /// CSRF token, a POST from another site).
+    /// CSRF token, a POST from another site, or a run without a
+    /// confirmation from this action's preview on these ids within the
+    /// last 15 minutes).
     #[error("forbidden: {0}")]
     Forbidden(String),
     /// The store keeps no consumer tables.

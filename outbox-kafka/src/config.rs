@@ -233,7 +233,8 @@ pub enum KafkaError {
     /// A setting is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// librdkafka refused the client settings.
+    /// librdkafka refused the client settings, or (with `create_topics`)
+    /// the cluster refused to create a missing topic at start.
     #[error("Kafka client settings refused: {0}")]
     Client(String),
     /// The subscription could not be made.

@@ -143,7 +143,8 @@ impl TopicLook {
 impl KafkaTransport {
     /// Validates the settings, creates the producer and asks the cluster
     /// for its metadata (up to `connect_timeout`); an unreachable cluster
-    /// is not an error, a setting librdkafka refuses is.
+    /// is not an error, a setting librdkafka refuses is; so is a missing
+    /// topic that `create_topics` cannot create.
     pub async fn connect(config: KafkaConfig) -> Result<KafkaTransport, KafkaError> {
         let template = config.validate()?;
         let reach = Arc::new(Reachability::default());

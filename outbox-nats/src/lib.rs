@@ -246,7 +246,10 @@ pub enum NatsError {
     /// A setting is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The server cannot be reached.
+    /// The client could not be created (a URL that cannot be parsed, or
+    /// options the client refuses). A server that is down is not this
+    /// error at start: the transport reports itself down and the source
+    /// subscribes once the server answers.
     #[error("cannot connect to NATS at {url}: {reason}")]
     Connect {
         /// The URL tried.

@@ -1,8 +1,9 @@
 //! The JetStream subscription side: durable pull consumers whose messages
 //! feed a [`Consumer`](outbox_core::consumer::Consumer). Explicit acks, sent only
 //! after the consumer's transaction committed; a failed handler's message
-//! comes back through a delayed NAK; the ack wait and the delivery limit
-//! follow the consumer's retry policy.
+//! comes back through a delayed NAK; the ack wait follows the handler
+//! timeout, and there is no delivery limit (the consumer's retry policy
+//! decides when a message is dead-lettered).
 //!
 //! A consumer subscribes to the subjects of its own aggregate types only
 //! (one filter per aggregate type): events of other services in a shared

@@ -14,20 +14,23 @@ use tokio::task::JoinHandle;
 use crate::PgRelayStore;
 
 /// Deletes everything due, batch by batch, until a batch comes back short.
+/// A `batch_size` outside `1..=100000` (what [`RetentionConfig::validate`]
+/// refuses) is taken as the nearer bound, so a run always ends.
 pub async fn run_once(
     store: &PgRelayStore,
     config: &RetentionConfig,
     label: &str,
 ) -> Result<RetentionReport, StoreError> {
+    let batch_size = config.batch_size.clamp(1, 100_000);
     let mut report = RetentionReport::default();
     loop {
         let deleted = store
-            .purge_published(config.keep_published, config.batch_size)
+            .purge_published(config.keep_published, batch_size)
             .await?;
         report.events += deleted;
         report.batches += 1;
         metrics::counter!(m::RETENTION_DELETED, "schema" => label.to_owned()).increment(deleted);
-        if (deleted as i64) < config.batch_size {
+        if (deleted as i64) < batch_size {
             break;
         }
         tracing::debug!(deleted = report.events, "retention progress");
@@ -35,13 +38,13 @@ pub async fn run_once(
     }
     loop {
         let deleted = store
-            .purge_idempotency_keys(config.keep_idempotency_keys, config.batch_size)
+            .purge_idempotency_keys(config.keep_idempotency_keys, batch_size)
             .await?;
         report.keys += deleted;
         report.batches += 1;
         metrics::counter!(m::RETENTION_KEYS_DELETED, "schema" => label.to_owned())
             .increment(deleted);
-        if (deleted as i64) < config.batch_size {
+        if (deleted as i64) < batch_size {
             break;
         }
         tokio::time::sleep(config.pause).await;

@@ -410,6 +410,38 @@ async fn retention_deletes_old_published_rows_in_batches_and_nothing_else() {
 }
 
 #[tokio::test]
+async fn retention_run_by_hand_with_a_batch_size_of_zero_ends_and_deletes_what_is_due() {
+    let db = TestDb::new().await;
+    emit_ticks(&db.pool, &db.outbox, 2, 3, 6).await;
+    db.execute(
+        "UPDATE {s}.outbox_events SET status = 'published', published_at = now() - interval '10 days'",
+    )
+    .await;
+    let config = fast_config();
+    let store = store(&db, &config);
+    // validate() refuses 0; run_once is called without it and must still
+    // end (a LIMIT 0 batch is never "short" of 0) rather than loop.
+    let report = tokio::time::timeout(
+        Duration::from_secs(30),
+        outbox_postgres::retention::run_once(
+            &store,
+            &RetentionConfig {
+                batch_size: 0,
+                pause: Duration::from_millis(1),
+                ..RetentionConfig::default()
+            },
+            "test",
+        ),
+    )
+    .await
+    .expect("run_once with batch_size 0 did not end")
+    .unwrap();
+    assert_eq!(report.events, 6);
+    assert_eq!(count(&db, "published").await, 0);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
 async fn bad_relay_settings_are_refused_at_start() {
     let db = TestDb::new().await;
     let config = RelayConfig {

@@ -14,7 +14,7 @@ pub struct IdOutcome {
     /// The id as given.
     pub id: String,
     /// `retried`, `skipped`, `republished`, `replay_requested`, `discarded`,
-    /// `passed`, `not_failed`, `not_published`, `already_resolved`,
+    /// `passed`, `not_failed`, `not_published`, `not_blocked_head`, `already_resolved`,
     /// `already_requested`, `wrong_kind`, `not_at_gap`, `not_found`.
     pub outcome: String,
     /// More words, when there are any.

@@ -1,14 +1,16 @@
 //! The operations seam: what an operator reads and repairs of the relay's
 //! side of an outbox (backlog, events, blocked aggregates, audit, the
 //! relay's repairs and retention), whatever store keeps it. `outbox_postgres::Ops` is the
-//! PostgreSQL store's; `outbox_sqlite::SqliteOps` is SQLite's. The `outbox`
+//! PostgreSQL store's; `outbox_sqlite::SqliteOps` is SQLite's,
+//! `outbox_mysql::MySqlOps` MySQL's. The `outbox`
 //! CLI drives its relay commands through this trait only, so a store that
 //! implements it gets `status`, `failed`, `events`, `blocked`, `audit` and
 //! `cleanup`.
 //!
 //! The consumer's side (letters, positions, replay requests, passing a
 //! version) is [`LetterStore`], implemented by the stores that keep
-//! consumer tables (`outbox_postgres::Ops` and `outbox_sqlite::SqliteOps`); the CLI's
+//! consumer tables (`outbox_postgres::Ops`, `outbox_sqlite::SqliteOps` and
+//! `outbox_mysql::MySqlOps`); the CLI's
 //! `quarantine`, `dead-letters` and `positions` commands are written
 //! against it.
 //!

@@ -209,15 +209,16 @@ pub trait RelayStore: Send + Sync + 'static {
 
     /// Records that this worker is alive and whether it sleeps waiting for
     /// a NOTIFY (emitters notify only while someone waits). Called at start,
-    /// on every change, and at least every few seconds while running.
+    /// on every change, and about every 10 seconds while the worker claims
+    /// (after a batch or an empty claim).
     fn heartbeat(
         &self,
         worker_id: Uuid,
         waiting: bool,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Forgets a relay that stops.
-    fn deregister(&self, relay_id: Uuid) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Forgets the worker `worker_id`, which stops.
+    fn deregister(&self, worker_id: Uuid) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Starts listening for notifications.
     fn listener(&self) -> impl Future<Output = Result<Self::Listener, StoreError>> + Send;
