@@ -544,37 +544,23 @@ impl<S: ConsumerStore> Consumer<S> {
         moved: Option<bool>,
         check_at_commit: bool,
     ) -> Result<Result<bool, HandlerError>, ConsumerError> {
-        let settle = match moved {
-            Some(successor_parked) if check_at_commit => return Ok(Ok(successor_parked)),
-            None if check_at_commit && !self.is_strict() => return Ok(Ok(false)),
-            Some(successor_parked) => {
-                return Ok(self
-                    .inner
-                    .store
-                    .transaction_intact(tx)
-                    .await
-                    .map(|()| successor_parked));
+        if moved.is_some() || !self.is_strict() {
+            // No position to move: only the check, unless the commit does it.
+            if !check_at_commit && let Err(failed) = self.inner.store.transaction_intact(tx).await {
+                return Ok(Err(failed));
             }
-            None if !self.is_strict() => {
-                return Ok(self
-                    .inner
-                    .store
-                    .transaction_intact(tx)
-                    .await
-                    .map(|()| false));
-            }
-            None => {
-                // Checked first: a handler that ended the transaction
-                // would have the position's move commit on its own.
-                if let Err(ended) = self.inner.store.transaction_intact(tx).await {
-                    return Ok(Err(ended));
-                }
-                self.inner
-                    .store
-                    .settle_strict(tx, &self.inner.name, envelope)
-                    .await
-            }
-        };
+            return Ok(Ok(moved.unwrap_or(false)));
+        }
+        // Checked first: a handler that ended the transaction would have
+        // the position's move commit on its own.
+        if let Err(ended) = self.inner.store.transaction_intact(tx).await {
+            return Ok(Err(ended));
+        }
+        let settle = self
+            .inner
+            .store
+            .settle_strict(tx, &self.inner.name, envelope)
+            .await;
         match settle {
             Ok(successor_parked) => Ok(Ok(successor_parked)),
             Err(error) if self.inner.store.is_failed_transaction(&error) => {
