@@ -37,7 +37,6 @@ use outbox_core::relay::{
 };
 use outbox_core::store::ConfigError;
 use outbox_core::transport::Transport;
-use serde_json::value::RawValue;
 use sqlx::mysql::{MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 use uuid::Uuid;
@@ -86,6 +85,10 @@ const HEADS_IN_WINDOW: &str = heads_query!(
 /// all held by other claims or waiting behind a blocked head). Binds: now,
 /// now, skip failed heads, limit.
 const HEADS: &str = heads_query!("");
+
+/// Aggregates whose later versions one statement looks up (two bound
+/// values each, within MySQL's 65,535).
+const FOLLOWERS_PER_STATEMENT: usize = 10_000;
 
 /// The columns of a claimed event.
 macro_rules! claimed_columns {
@@ -158,12 +161,27 @@ impl MySqlRelayStore {
     /// and READ COMMITTED isolation.
     pub fn new(pool: MySqlPool, config: &RelayConfig) -> MySqlRelayStore {
         let options = (*pool.connect_options()).clone();
+        // `statement_timeout` bounds what a claim waits for a lock: a row
+        // (InnoDB) or the table's metadata (a migration's DDL), whose
+        // server default is a year. Whole seconds, at least one.
+        let lock_wait = config
+            .statement_timeout
+            .as_secs()
+            .saturating_add(u64::from(config.statement_timeout.subsec_nanos() > 0))
+            .clamp(1, 1 << 30);
         let pool = MySqlPoolOptions::new()
             .max_connections(config.workers.saturating_add(1).min(64) as u32)
-            .after_connect(|conn, _| {
+            .after_connect(move |conn, _| {
                 Box::pin(async move {
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .await?;
+                    sqlx::query(
+                        "SET SESSION innodb_lock_wait_timeout = ?, SESSION lock_wait_timeout = ?",
+                    )
+                    .bind(lock_wait)
+                    .bind(lock_wait)
+                    .execute(&mut *conn)
+                    .await?;
                     Ok(())
                 })
             })
@@ -177,7 +195,7 @@ impl MySqlRelayStore {
     }
 
     /// Aggregates whose later events wait behind a retrying or failed head,
-    /// longest blocked first, at most `limit`.
+    /// longest blocked first, at most `limit` (none for a limit below 1).
     pub async fn blocked_aggregates(
         &self,
         limit: i64,
@@ -207,6 +225,8 @@ impl MySqlRelayStore {
     /// Deletes up to `batch` published events older than `age`, and up to
     /// `batch` idempotency keys older than `keep_keys`; returns how many
     /// events went. Call it in a loop until it returns less than `batch`.
+    /// `batch` is taken within `1..=100_000` (a batch below 1 deletes one
+    /// row of each; MySQL refuses a negative `LIMIT`).
     pub async fn purge_published(
         &self,
         age: Duration,
@@ -214,6 +234,7 @@ impl MySqlRelayStore {
         batch: i64,
     ) -> Result<u64, StoreError> {
         let now = now_ms();
+        let batch = batch.clamp(1, 100_000);
         let events = sqlx::query(
             "DELETE FROM outbox_events WHERE status = 'published' AND published_at < ?
              ORDER BY published_at LIMIT ?",
@@ -321,21 +342,28 @@ impl MySqlRelayStore {
         heads: &BTreeMap<(String, String), i64>,
         now: i64,
     ) -> Result<Vec<i64>, sqlx::Error> {
-        let mut query = QueryBuilder::<MySql>::new(
-            "SELECT seq, aggregate_type, aggregate_id, aggregate_version, status, next_attempt_at,
-                    claimed_until
-             FROM outbox_events WHERE status IN ('pending', 'failed') AND (aggregate_type, aggregate_id) IN (",
-        );
-        let mut list = query.separated(", ");
-        for (aggregate_type, aggregate_id) in heads.keys() {
-            list.push("(")
-                .push_bind_unseparated(aggregate_type)
-                .push_unseparated(", ")
-                .push_bind_unseparated(aggregate_id)
-                .push_unseparated(")");
+        // Two values per aggregate, and MySQL binds at most 65,535 in one
+        // statement: a claim of up to 50,000 heads asks in chunks. Each
+        // aggregate's rows stay together and in version order.
+        let keys: Vec<&(String, String)> = heads.keys().collect();
+        let mut rows = Vec::new();
+        for chunk in keys.chunks(FOLLOWERS_PER_STATEMENT) {
+            let mut query = QueryBuilder::<MySql>::new(
+                "SELECT seq, aggregate_type, aggregate_id, aggregate_version, status, next_attempt_at,
+                        claimed_until
+                 FROM outbox_events WHERE status IN ('pending', 'failed') AND (aggregate_type, aggregate_id) IN (",
+            );
+            let mut list = query.separated(", ");
+            for (aggregate_type, aggregate_id) in chunk {
+                list.push("(")
+                    .push_bind_unseparated(aggregate_type)
+                    .push_unseparated(", ")
+                    .push_bind_unseparated(aggregate_id)
+                    .push_unseparated(")");
+            }
+            query.push(") ORDER BY aggregate_type, aggregate_id, aggregate_version");
+            rows.extend(query.build().fetch_all(&mut *tx).await?);
         }
-        query.push(") ORDER BY aggregate_type, aggregate_id, aggregate_version");
-        let rows = query.build().fetch_all(&mut *tx).await?;
         let mut followers = Vec::new();
         let mut stopped: Option<(String, String)> = None;
         for row in &rows {
@@ -380,8 +408,7 @@ pub async fn start_relay<T: Transport>(
 }
 
 fn decode_claimed(row: &MySqlRow) -> Result<ClaimedEvent, sqlx::Error> {
-    let payload: String = row.try_get("payload")?;
-    let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
+    let (payload, unreadable) = ClaimedEvent::read_payload(row.try_get("payload")?);
     let schema_version: i32 = row.try_get("schema_version")?;
     let attempts: i32 = row.try_get("attempt_count")?;
     Ok(ClaimedEvent {
@@ -397,6 +424,7 @@ fn decode_claimed(row: &MySqlRow) -> Result<ClaimedEvent, sqlx::Error> {
             payload,
         },
         attempts: u32::try_from(attempts).unwrap_or(0),
+        unreadable,
     })
 }
 

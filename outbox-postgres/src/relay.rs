@@ -22,7 +22,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::value::RawValue;
 use sqlx::postgres::PgListener;
 use sqlx::{AssertSqlSafe, PgPool, Postgres, Row, Transaction};
 use uuid::Uuid;
@@ -118,7 +117,7 @@ impl PgRelayStore {
         self.statement_timeout = timeout;
         self.session_settings.setup =
             SessionSettings::setup_sql(self.claim_timeout, timeout, self.session_settings.lease);
-        self.session_settings.deadline = timeout + crate::session::DEADLINE_MARGIN;
+        self.session_settings.deadline = timeout.saturating_add(crate::session::DEADLINE_MARGIN);
         self
     }
 
@@ -300,13 +299,13 @@ impl PgRelayStore {
     }
 
     /// Aggregates whose later events wait behind a retrying or failed head,
-    /// oldest first.
+    /// oldest first, at most `limit` (none for a limit below 1).
     pub async fn blocked_aggregates(
         &self,
         limit: i64,
     ) -> Result<Vec<BlockedAggregate>, StoreError> {
         let rows = sqlx::query(AssertSqlSafe(self.sql.blocked.as_str()))
-            .bind(limit)
+            .bind(limit.max(0))
             .bind(self.skip_failed_heads)
             .fetch_all(&self.pool)
             .await
@@ -383,18 +382,20 @@ impl PgRelayStore {
     }
 
     /// Deletes one batch of published events older than `age`; returns how
-    /// many went. Never touches pending or failed events.
+    /// many went. Never touches pending or failed events. `batch` is taken
+    /// within `1..=100_000`.
     pub async fn purge_published(&self, age: Duration, batch: i64) -> Result<u64, StoreError> {
         sqlx::query(AssertSqlSafe(self.sql.purge_published.as_str()))
             .bind(age.as_secs_f64())
-            .bind(batch)
+            .bind(batch.clamp(1, 100_000))
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())
             .map_err(StoreError::new("purge published events"))
     }
 
-    /// Deletes one batch of idempotency keys older than `age`.
+    /// Deletes one batch of idempotency keys older than `age`; `batch` is
+    /// taken within `1..=100_000`.
     pub async fn purge_idempotency_keys(
         &self,
         age: Duration,
@@ -402,7 +403,7 @@ impl PgRelayStore {
     ) -> Result<u64, StoreError> {
         sqlx::query(AssertSqlSafe(self.sql.purge_keys.as_str()))
             .bind(age.as_secs_f64())
-            .bind(batch)
+            .bind(batch.clamp(1, 100_000))
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())
@@ -880,8 +881,7 @@ fn decode_sorted(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<ClaimedEvent>, St
 }
 
 fn decode_claimed(row: &sqlx::postgres::PgRow) -> Result<ClaimedEvent, sqlx::Error> {
-    let payload: String = row.try_get("payload")?;
-    let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
+    let (payload, unreadable) = ClaimedEvent::read_payload(row.try_get("payload")?);
     let schema_version: i32 = row.try_get("schema_version")?;
     let attempts: i32 = row.try_get("attempt_count")?;
     let occurred_at: DateTime<Utc> = row.try_get("created_at")?;
@@ -898,6 +898,7 @@ fn decode_claimed(row: &sqlx::postgres::PgRow) -> Result<ClaimedEvent, sqlx::Err
             payload,
         },
         attempts: attempts.max(0) as u32,
+        unreadable,
     })
 }
 

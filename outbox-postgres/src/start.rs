@@ -41,6 +41,9 @@ impl RelayPostgresExt for Relay {
         transport: T,
         config: RelayConfig,
     ) -> Result<Relay, ConfigError> {
+        // Before the store takes the settings: it computes deadlines from
+        // them, which an unchecked value could overflow.
+        config.validate()?;
         let store = PgRelayStore::new(
             pool,
             schema.clone(),

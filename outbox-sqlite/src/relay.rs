@@ -29,7 +29,6 @@ use outbox_core::relay::{
 };
 use outbox_core::store::ConfigError;
 use outbox_core::transport::Transport;
-use serde_json::value::RawValue;
 use sqlx::sqlite::{SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{Connection, Row, SqlitePool};
 use tokio::sync::watch;
@@ -115,7 +114,7 @@ const RELEASE: &str =
     "UPDATE outbox_events SET claim_token = NULL, claimed_until = NULL WHERE claim_token = ?1";
 
 /// Aggregates whose head retries or, unless failed heads are skipped, has
-/// failed. Binds: limit (-1: all), skip failed heads.
+/// failed. Binds: limit, skip failed heads.
 pub(crate) const BLOCKED: &str = "
 SELECT e.aggregate_type, e.aggregate_id, e.id, e.status, e.last_error,
        coalesce(e.first_failed_at, e.failed_at, e.created_at) AS since
@@ -171,13 +170,14 @@ impl SqliteRelayStore {
     }
 
     /// Aggregates whose later events wait behind a retrying or failed head,
-    /// longest blocked first, at most `limit`.
+    /// longest blocked first, at most `limit` (none for a limit below 1).
     pub async fn blocked_aggregates(
         &self,
         limit: i64,
     ) -> Result<Vec<BlockedAggregate>, StoreError> {
+        // SQLite reads a negative LIMIT as "no limit".
         let rows = sqlx::query(BLOCKED)
-            .bind(limit)
+            .bind(limit.max(0))
             .bind(self.skip_failed_heads)
             .fetch_all(&self.pool)
             .await
@@ -200,6 +200,8 @@ impl SqliteRelayStore {
     /// Deletes up to `batch` published events older than `age`, and up to
     /// `batch` idempotency keys older than `keep_keys`; returns how many
     /// events went. Call it in a loop until it returns less than `batch`.
+    /// `batch` is taken within `1..=100_000` (a batch below 1 deletes one
+    /// row of each: SQLite would read a negative one as "no limit").
     pub async fn purge_published(
         &self,
         age: Duration,
@@ -207,6 +209,7 @@ impl SqliteRelayStore {
         batch: i64,
     ) -> Result<u64, StoreError> {
         let now = now_ms();
+        let batch = batch.clamp(1, 100_000);
         let events = sqlx::query(
             "DELETE FROM outbox_events WHERE seq IN (
                 SELECT seq FROM outbox_events
@@ -243,8 +246,7 @@ pub async fn start_relay<T: Transport>(
 }
 
 fn decode_claimed(row: &SqliteRow) -> Result<ClaimedEvent, sqlx::Error> {
-    let payload: String = row.try_get("payload")?;
-    let payload = RawValue::from_string(payload).map_err(|e| sqlx::Error::Decode(e.into()))?;
+    let (payload, unreadable) = ClaimedEvent::read_payload(row.try_get("payload")?);
     let schema_version: i64 = row.try_get("schema_version")?;
     let attempts: i64 = row.try_get("attempt_count")?;
     Ok(ClaimedEvent {
@@ -260,6 +262,7 @@ fn decode_claimed(row: &SqliteRow) -> Result<ClaimedEvent, sqlx::Error> {
             payload,
         },
         attempts: attempts.clamp(0, i64::from(u32::MAX)) as u32,
+        unreadable,
     })
 }
 
@@ -514,7 +517,7 @@ impl RelayStore for SqliteRelayStore {
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::new("decode backlog per event type"))?;
-        let blocked = self.blocked_aggregates(-1).await?.len() as i64;
+        let blocked = self.blocked_aggregates(i64::MAX).await?.len() as i64;
         Ok(OutboxStats {
             pending: row.try_get("pending").map_err(decode)?,
             failed: row

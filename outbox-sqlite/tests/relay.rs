@@ -282,6 +282,9 @@ async fn a_failing_head_backs_off_fails_and_blocks_only_its_aggregate() {
     let store = SqliteRelayStore::new(db.pool.clone(), &config());
     let blocked = store.blocked_aggregates(10).await.unwrap();
     assert_eq!(blocked.len(), 1, "{blocked:?}");
+    // A limit below 1 lists nothing (SQLite alone would read -1 as "all").
+    assert!(store.blocked_aggregates(-1).await.unwrap().is_empty());
+    assert!(store.blocked_aggregates(0).await.unwrap().is_empty());
     assert_eq!(blocked[0].aggregate_id, "bad");
     assert_eq!(blocked[0].head_status, "failed");
     let last_error = blocked[0].last_error.as_deref().unwrap_or_default();
@@ -332,6 +335,33 @@ async fn retention_purges_old_published_events_and_keeps_pending_ones() {
     assert_eq!(purged, 2);
     assert_eq!(db.count("published").await, 0);
     assert_eq!(db.count("pending").await, 1);
+}
+
+/// SQLite reads a negative `LIMIT` as "no limit" and a zero one as
+/// "nothing": a purge asked for a batch of 0 or -1 deletes one row at a
+/// time (a loop over it ends), not nothing and not everything.
+#[tokio::test]
+async fn a_purge_batch_below_one_deletes_one_row_at_a_time() {
+    let db = TestDb::new().await;
+    for _ in 0..3 {
+        emit_one(&db, "old").await;
+    }
+    let store = SqliteRelayStore::new(db.pool.clone(), &config());
+    let claim = store.claim(3).await.unwrap();
+    let ids = claim.events().iter().map(|e| e.envelope.id).collect();
+    claim
+        .complete(BatchOutcome {
+            published: ids,
+            failed: vec![],
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let age = Duration::from_millis(10);
+    let keys = Duration::from_secs(3600);
+    assert_eq!(store.purge_published(age, keys, -1).await.unwrap(), 1);
+    assert_eq!(store.purge_published(age, keys, 0).await.unwrap(), 1);
+    assert_eq!(db.count("published").await, 1);
 }
 
 #[tokio::test]

@@ -73,6 +73,20 @@ pub trait StoreUnderTest: Sized + Send + Sync {
     fn clean_up(self) -> impl Future<Output = ()> + Send;
 }
 
+/// A store whose payload column takes any text (SQLite, MySQL; PostgreSQL's
+/// `json` refuses what is not JSON, and everything it keeps, the relay
+/// reads).
+pub trait PayloadAsText: StoreUnderTest {
+    /// Writes `payload` over the stored payload of one event by hand, as
+    /// another program or an operator's `UPDATE` could.
+    fn overwrite_payload(
+        &self,
+        aggregate_id: &str,
+        version: i64,
+        payload: &str,
+    ) -> impl Future<Output = ()> + Send;
+}
+
 /// Runs every case against fresh databases of `S`, naming each as it
 /// starts (a failure's panic follows its name).
 pub async fn run<S: StoreUnderTest>() {
@@ -141,6 +155,58 @@ async fn published_count(transport: &RecordingTransport, n: usize, what: &str) {
         async move { transport.published_count() >= n }
     })
     .await;
+}
+
+/// A row whose stored payload is not JSON (written by hand or by another
+/// program) used to fail every claim that reached it: each worker claimed
+/// the same head again after its error backoff, and nothing of any
+/// aggregate was published any more. It now fails alone, with a reason
+/// naming the problem; its aggregate waits behind it (Block), the others
+/// go on.
+pub async fn an_unreadable_stored_payload_fails_its_event_not_the_relay<S: PayloadAsText>() {
+    let store = S::fresh().await;
+    store.emit(&ticks(&["poisoned", "healthy"], 3), true).await;
+    store
+        .overwrite_payload("poisoned", 1, "{\"counter\": \"poisoned\", tick: 1")
+        .await;
+    let transport = RecordingTransport::new();
+    let relay = store.start_relay(transport.clone(), quick_config()).await;
+    published_count(&transport, 3, "the healthy aggregate's events").await;
+    let ops = store.ops(FailedHeadPolicy::Block);
+    wait::until(
+        "the unreadable event in the failed state",
+        Duration::from_secs(30),
+        || async {
+            ops.status(&StatusOptions::default())
+                .await
+                .map(|s| s.backlog.failed == 1)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    relay.drain(Duration::from_secs(10)).await.expect("drained");
+    let seen = versions(&transport);
+    assert_eq!(seen.get("healthy"), Some(&vec![1, 2, 3]));
+    assert!(
+        !seen.contains_key("poisoned"),
+        "published despite an unreadable head: {:?}",
+        seen.get("poisoned")
+    );
+    let status = ops.status(&StatusOptions::default()).await.unwrap();
+    assert_eq!(status.backlog.failed, 1);
+    assert_eq!(status.backlog.pending, 2, "versions 2 and 3 wait behind it");
+    let blocked: Vec<_> = status
+        .blocked
+        .iter()
+        .filter(|b| b.aggregate_id == "poisoned")
+        .collect();
+    assert_eq!(blocked.len(), 1, "{:?}", status.blocked);
+    let reason = blocked[0].last_error.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("stored payload cannot be read as JSON") && reason.contains("line 1"),
+        "{reason}"
+    );
+    store.clean_up().await;
 }
 
 async fn rollback_publishes_nothing<S: StoreUnderTest>() {

@@ -96,7 +96,8 @@ async fn a_redacted_field_never_shows_in_debug_output_errors_stored_reasons_or_l
             "{:?}",
             ClaimedEvent {
                 envelope: envelope.clone(),
-                attempts: 0
+                attempts: 0,
+                unreadable: None,
             }
         ),
     );

@@ -7,7 +7,7 @@ use outbox_core::transport::Transport;
 use outbox_mysql::{MySqlOps, MySqlOutbox};
 use outbox_tests::events::Ticked;
 use outbox_tests::mysql::MySqlTestDb;
-use outbox_tests::store_conformance::{self, StoreUnderTest};
+use outbox_tests::store_conformance::{self, PayloadAsText, StoreUnderTest};
 
 struct MySql(MySqlTestDb);
 
@@ -52,4 +52,23 @@ impl StoreUnderTest for MySql {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_keeps_every_store_promise() {
     store_conformance::run::<MySql>().await;
+}
+
+impl PayloadAsText for MySql {
+    async fn overwrite_payload(&self, aggregate_id: &str, version: i64, payload: &str) {
+        sqlx::query(
+            "UPDATE outbox_events SET payload = ? WHERE aggregate_id = ? AND aggregate_version = ?",
+        )
+        .bind(payload)
+        .bind(aggregate_id)
+        .bind(version)
+        .execute(&self.0.pool)
+        .await
+        .expect("overwrite a payload");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_fails_an_unreadable_stored_payload_alone() {
+    store_conformance::an_unreadable_stored_payload_fails_its_event_not_the_relay::<MySql>().await;
 }

@@ -6,7 +6,7 @@ use outbox_core::relay::{Relay, RelayConfig};
 use outbox_core::transport::Transport;
 use outbox_sqlite::{SqliteOps, SqliteOutbox};
 use outbox_tests::events::Ticked;
-use outbox_tests::store_conformance::{self, StoreUnderTest};
+use outbox_tests::store_conformance::{self, PayloadAsText, StoreUnderTest};
 use sqlx::SqlitePool;
 
 struct Sqlite {
@@ -66,4 +66,23 @@ impl StoreUnderTest for Sqlite {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_keeps_every_store_promise() {
     store_conformance::run::<Sqlite>().await;
+}
+
+impl PayloadAsText for Sqlite {
+    async fn overwrite_payload(&self, aggregate_id: &str, version: i64, payload: &str) {
+        sqlx::query(
+            "UPDATE outbox_events SET payload = ?1 WHERE aggregate_id = ?2 AND aggregate_version = ?3",
+        )
+        .bind(payload)
+        .bind(aggregate_id)
+        .bind(version)
+        .execute(&self.pool)
+        .await
+        .expect("overwrite a payload");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_fails_an_unreadable_stored_payload_alone() {
+    store_conformance::an_unreadable_stored_payload_fails_its_event_not_the_relay::<Sqlite>().await;
 }

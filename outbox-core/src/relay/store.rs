@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::envelope::Envelope;
@@ -37,6 +38,31 @@ pub struct ClaimedEvent {
     pub envelope: Envelope,
     /// Publish attempts before this one.
     pub attempts: u32,
+    /// Why the stored row cannot be published as it is (a payload that is
+    /// not JSON, written by hand or by another program into a store whose
+    /// payload column takes any text: SQLite, MySQL), or `None`. A store hands such a row
+    /// over with `null` as its payload instead of failing the whole claim
+    /// (which would stop every worker at the same row); the worker moves
+    /// it to the failed state with this reason, without publishing it, and
+    /// publishes nothing after it in its aggregate.
+    pub unreadable: Option<String>,
+}
+
+impl ClaimedEvent {
+    /// `payload`, the stored text of the event's payload, as the raw JSON
+    /// the envelope carries; a text that does not parse gives `null` and
+    /// the reason, for [`unreadable`](Self::unreadable).
+    pub fn read_payload(payload: String) -> (Box<RawValue>, Option<String>) {
+        match RawValue::from_string(payload) {
+            Ok(payload) => (payload, None),
+            Err(error) => (
+                RawValue::NULL.to_owned(),
+                Some(format!(
+                    "the stored payload cannot be read as JSON: {error}"
+                )),
+            ),
+        }
+    }
 }
 
 /// A failed publish to record.

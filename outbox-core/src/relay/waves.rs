@@ -66,6 +66,7 @@ mod tests {
                 payload: serde_json::value::to_raw_value(&serde_json::json!({})).unwrap(),
             },
             attempts: 0,
+            unreadable: None,
         }
     }
 

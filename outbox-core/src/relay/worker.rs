@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::claim_size::ClaimSize;
 use super::config::RelayConfig;
 use super::health::HealthState;
-use super::store::{BatchOutcome, ClaimedBatch, FailedAttempt, RelayStore};
+use super::store::{BatchOutcome, ClaimedBatch, ClaimedEvent, FailedAttempt, RelayStore};
 use super::waves;
 use crate::envelope::Envelope;
 use crate::metrics as m;
@@ -161,6 +161,29 @@ pub(crate) async fn run<S: RelayStore, T: Transport>(
     }
 }
 
+/// The failed attempt of a claimed row the store could not read: moved to
+/// the failed state at once (retrying would read the same row), logged and
+/// counted as an event given up on.
+fn unreadable_failure(event: &ClaimedEvent, reason: &str, schema: &str) -> FailedAttempt {
+    metrics::counter!(m::MOVED_TO_FAILED, "schema" => schema.to_owned()).increment(1);
+    tracing::error!(
+        event_id = %event.envelope.id,
+        event_type = %event.envelope.event_type,
+        aggregate_type = %event.envelope.aggregate_type,
+        aggregate_id = %event.envelope.aggregate_id,
+        %reason,
+        "event moved to the failed state without a publish: its stored row cannot be read"
+    );
+    FailedAttempt {
+        event_id: event.envelope.id,
+        aggregate_type: event.envelope.aggregate_type.clone(),
+        aggregate_id: event.envelope.aggregate_id.clone(),
+        error: reason.to_owned(),
+        retry_in: Duration::ZERO,
+        give_up: true,
+    }
+}
+
 /// After raising its waiting flag a worker looks again at once, and once
 /// more after this pause (or a NOTIFY) before its long sleep. An emit whose
 /// statement read the flag just before it went up sent no NOTIFY; if its
@@ -219,11 +242,24 @@ async fn process<S: RelayStore, T: Transport>(
     let _guard = span.enter();
 
     for wave in &plan.waves {
-        let indices: Vec<usize> = wave
-            .iter()
-            .copied()
-            .filter(|&index| !blocked_runs[plan.run_of[index]])
-            .collect();
+        let mut indices: Vec<usize> = Vec::with_capacity(wave.len());
+        for &index in wave {
+            if blocked_runs[plan.run_of[index]] {
+                continue;
+            }
+            match &events[index].unreadable {
+                None => indices.push(index),
+                Some(reason) => {
+                    // Nothing to publish: failed at once, and the rest of
+                    // its aggregate waits behind it like behind any
+                    // failed head.
+                    blocked_runs[plan.run_of[index]] = true;
+                    outcome
+                        .failed
+                        .push(unreadable_failure(&events[index], reason, &schema));
+                }
+            }
+        }
         if indices.is_empty() {
             continue;
         }
