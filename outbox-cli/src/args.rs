@@ -469,14 +469,42 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let value: u64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration such as 30s, 5m, 12h or 7d"))?;
-    let seconds = match unit {
-        "s" => value,
-        "m" => value * 60,
-        "h" => value * 3600,
-        "d" => value * 86_400,
+    let per_unit: u64 = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
         _ => {
             return Err(format!("{text:?}: unknown unit {unit:?}; use s, m, h or d"));
         }
     };
+    // A wrapped product would turn "older than ages" into "older than
+    // hours" and delete what was meant to stay.
+    let seconds = value
+        .checked_mul(per_unit)
+        .ok_or_else(|| format!("{text:?} is too long a duration"))?;
     Ok(Duration::from_secs(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_their_unit_and_refuse_what_would_wrap() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(43_200)));
+        assert_eq!(parse_duration(" 7d "), Ok(Duration::from_secs(604_800)));
+        assert!(parse_duration("3w").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("-1d").is_err());
+        // 213503982334602 days overflow u64 seconds; wrapped, they would
+        // read as about 17 hours.
+        let error = parse_duration("213503982334602d").unwrap_err();
+        assert!(error.contains("too long"), "{error}");
+        assert_eq!(
+            parse_duration("18446744073709551615"),
+            Ok(Duration::from_secs(u64::MAX))
+        );
+    }
 }

@@ -408,7 +408,9 @@ pub(crate) async fn wait_for_replays(
         .collect();
     // Each requested letter gets one outcome with `ran_at` in the audit
     // row, written in the transaction that settles it.
-    let deadline = Instant::now() + wait;
+    // `--wait` may be as long as a u64 of seconds: past what an Instant
+    // holds, the wait has no deadline.
+    let deadline = Instant::now().checked_add(wait);
     let row = loop {
         let row = ops
             .audit_entry(audit_id)
@@ -416,7 +418,9 @@ pub(crate) async fn wait_for_replays(
             .map_err(ops_error)?
             .ok_or_else(|| format!("audit row {audit_id} is gone"))?;
         let done = ran_ids(&row.outcomes);
-        if ids.iter().all(|id| done.contains(&id.to_string())) || Instant::now() > deadline {
+        if ids.iter().all(|id| done.contains(&id.to_string()))
+            || deadline.is_some_and(|deadline| Instant::now() > deadline)
+        {
             break row;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

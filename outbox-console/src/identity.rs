@@ -258,7 +258,8 @@ impl CsrfKey {
         let Ok(issued) = issued.parse::<i64>() else {
             return false;
         };
-        let fresh = issued <= now + 5 && now - issued <= CONFIRMATION_TTL.as_secs() as i64;
+        let fresh = issued <= now.saturating_add(5)
+            && now.saturating_sub(issued) <= CONFIRMATION_TTL.as_secs() as i64;
         let expected = self.confirmation(operator, action, letters_of, ids, issued);
         fresh && given.is_some_and(|given| same(given.as_bytes(), expected.as_bytes()))
     }
@@ -380,6 +381,12 @@ mod tests {
             Some(&moved),
             now + 1
         ));
+        // A time at the ends of i64 from a posted form is refused, not an
+        // overflow.
+        for issued in [i64::MIN, i64::MAX] {
+            let far = format!("{issued}.{hash}");
+            assert!(!key.confirms(&ada, "discard", billing, &ids(&["3", "7"]), Some(&far), now));
+        }
     }
 
     #[test]

@@ -177,6 +177,27 @@ pub fn scrub_with_secrets(message: &str, secrets: &[String]) -> String {
     scrub_message(&text)
 }
 
+/// `text` with every control character but newline and tab written as
+/// its escape (`\u{0}` for NUL): reasons and errors a consumer stores,
+/// logs and shows operators quote external text, and must be text every
+/// store keeps (PostgreSQL's `text` refuses NUL) and a terminal prints as
+/// written.
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unprintable = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unprintable) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unprintable(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Replaces the occurrences of `needle` in `text`, ignoring ASCII case,
 /// whose neighbours are not letters or digits.
 fn replace_standalone(text: &str, needle: &str, with: &str) -> String {
@@ -223,6 +244,16 @@ fn in_expected_clause(before: &str) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn printable_text_escapes_control_characters_but_newline_and_tab() {
+        assert_eq!(printable("plain\ttext\n"), "plain\ttext\n");
+        assert_eq!(
+            printable("found `\0` at 1; bell \u{7}, escape \u{1b}[31m"),
+            "found `\\u{0}` at 1; bell \\u{7}, escape \\u{1b}[31m"
+        );
+        assert!(matches!(printable("ok"), std::borrow::Cow::Borrowed(_)));
+    }
 
     #[test]
     fn scrubbing_takes_out_quoted_input_and_keeps_schema_names() {

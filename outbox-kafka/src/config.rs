@@ -111,6 +111,20 @@ impl KafkaConfig {
                 "delivery_timeout and connect_timeout must be above zero".into(),
             ));
         }
+        // librdkafka takes `message.timeout.ms` in whole milliseconds, reads
+        // 0 as "no limit" and refuses more than i32::MAX.
+        if self.delivery_timeout < Duration::from_millis(1)
+            || self.delivery_timeout > outbox_core::relay::LONGEST_SETTING
+        {
+            return Err(bad(
+                "Kafka delivery_timeout",
+                format!(
+                    "{:?} is outside 1 ms..={:?} (librdkafka's message.timeout.ms)",
+                    self.delivery_timeout,
+                    outbox_core::relay::LONGEST_SETTING
+                ),
+            ));
+        }
         outbox_core::transport::validate_source("Kafka source", &self.source)?;
         if self.partitioner.trim().is_empty() {
             return Err(bad(

@@ -289,8 +289,9 @@ pub async fn connect(config: &NatsConfig) -> Result<async_nats::Client, NatsErro
             url: config.url.clone(),
             reason: error.to_string(),
         })?;
-    let deadline = tokio::time::Instant::now() + config.connect_timeout;
-    while !is_connected(&client) && tokio::time::Instant::now() < deadline {
+    // A timeout past what an Instant holds waits without a deadline.
+    let deadline = tokio::time::Instant::now().checked_add(config.connect_timeout);
+    while !is_connected(&client) && deadline.is_none_or(|d| tokio::time::Instant::now() < d) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(client)

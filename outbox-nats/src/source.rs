@@ -100,7 +100,10 @@ impl JetStreamSourceConfig {
         Ok(JetStreamSourceConfig {
             filter_subjects,
             durable: consumer.name().to_owned(),
-            ack_wait: retry.handler_timeout * 2 + Duration::from_secs(10),
+            ack_wait: retry
+                .handler_timeout
+                .saturating_mul(2)
+                .saturating_add(Duration::from_secs(10)),
             pull_batch: (batch * 2).max(10),
             max_deliver: -1,
             max_ack_pending: 1000,

@@ -34,7 +34,7 @@ impl Link {
 /// within twice `connect_timeout` (a broker that takes the connection but
 /// never answers does not hold up the caller).
 pub(crate) async fn open(config: &RabbitConfig) -> Result<Link, RabbitError> {
-    let limit = config.connect_timeout * 2;
+    let limit = config.connect_timeout.saturating_mul(2);
     tokio::time::timeout(limit, open_unbounded(config))
         .await
         .unwrap_or_else(|_| {

@@ -18,7 +18,9 @@ use outbox_core::consumer::{
 use outbox_core::metrics as m;
 use outbox_core::relay::Backoff;
 use outbox_core::{Envelope, OutboxEvent, ce};
-use outbox_tests::consumers::{create_effects, effects, letters, tick, tick_consumer};
+use outbox_tests::consumers::{
+    create_effects, effects, letters, strict_config, tick, tick_consumer,
+};
 use outbox_tests::events::Ticked;
 use outbox_tests::{TestDb, metrics, wait};
 use schemars::JsonSchema;
@@ -305,6 +307,62 @@ fn tick_attributes(overrides: &[(&'static str, &'static str)]) -> Vec<(&'static 
             (name, value)
         })
         .collect()
+}
+
+/// Input that used to fail the consumer's own statements at every
+/// delivery, so the message was redelivered forever instead of
+/// quarantined: an id header with a NUL in it (the UUID parser's error
+/// quotes the character, and PostgreSQL's `text` refuses NUL in the
+/// reason), and versions at the ends of i64 under `Strict` (the version
+/// before `i64::MIN` does not exist). Each is quarantined with a printable
+/// reason, and the next message is applied.
+#[tokio::test]
+async fn a_nul_in_an_id_or_a_version_at_the_end_of_i64_is_quarantined_not_redelivered_forever() {
+    let db = setup().await;
+    let name = "poison-attributes";
+    let consumer = tick_consumer(
+        &db,
+        name,
+        strict_config(Duration::from_secs(60)),
+        Duration::ZERO,
+        &[],
+    );
+    let payload = tick("p1", 1).payload.get().to_owned();
+    let nul_id = "\u{0}0000000-0000-0000-0000-000000000000";
+    let cases: Vec<(Vec<(&'static str, String)>, &str)> = vec![
+        (tick_attributes(&[(ce::ID, nul_id)]), "\\u{0}"),
+        (
+            tick_attributes(&[(ce::AGGREGATEVERSION, "-9223372036854775808")]),
+            "out of range",
+        ),
+        (
+            tick_attributes(&[(ce::AGGREGATEVERSION, "9223372036854775807")]),
+            "out of range",
+        ),
+    ];
+    for (attributes, expected) in &cases {
+        let attributes: Vec<(&str, &str)> =
+            attributes.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        match consumer.handle(&raw(&attributes, &payload)).await {
+            Ok(Outcome::Quarantined { reason }) => {
+                assert!(reason.contains(expected), "{reason} lacks {expected}");
+                assert!(!reason.contains('\0'), "{reason:?}");
+            }
+            other => panic!("expected quarantine ({expected}), got {other:?}"),
+        }
+    }
+    let letters = letters(&db, name).await;
+    assert_eq!(letters.len(), cases.len());
+    assert!(
+        letters[0].reason.contains("\\u{0}"),
+        "{}",
+        letters[0].reason
+    );
+    assert_eq!(
+        consumer.handle_envelope(&tick("p1", 1)).await.unwrap(),
+        Outcome::Applied
+    );
+    db.drop_schema().await;
 }
 
 #[tokio::test]

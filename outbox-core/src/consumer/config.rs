@@ -104,7 +104,8 @@ pub struct ConsumerConfig {
     /// takes up to this many messages from its source at once, records
     /// them in the inbox with one statement and runs their handlers in one
     /// transaction; a handler error rolls the batch back and its messages
-    /// are processed one by one, so the guarantees per message hold.
+    /// are processed one by one, so the guarantees per message hold. At
+    /// most [`MAX_BATCH_SIZE`].
     pub batch_size: usize,
     /// Pause after a database or source error before the next try
     /// (default 1 s).
@@ -131,15 +132,27 @@ impl Default for ConsumerConfig {
     }
 }
 
+/// The largest consumer batch: one transaction holds a batch, and a
+/// store's batch statements bind a few values per message (MySQL refuses
+/// more than 65,535 in one statement).
+pub const MAX_BATCH_SIZE: usize = 5_000;
+
 impl ConsumerConfig {
-    /// Rejects settings that would stall or spin.
+    /// Rejects settings that would stall or spin, and durations longer than
+    /// [`LONGEST_SETTING`](crate::relay::config::LONGEST_SETTING).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |what: &'static str, reason: &str| ConfigError::InvalidValue {
             what,
             reason: reason.to_owned(),
         };
-        if self.batch_size == 0 {
-            return Err(bad("consumer batch_size", "must be at least 1"));
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return Err(ConfigError::InvalidValue {
+                what: "consumer batch_size",
+                reason: format!(
+                    "{} is outside 1..={MAX_BATCH_SIZE} (a batch's statements bind a few values per message, and MySQL takes at most 65,535)",
+                    self.batch_size
+                ),
+            });
         }
         if self.retry.max_attempts == 0 {
             return Err(bad("consumer max_attempts", "must be at least 1"));
@@ -160,6 +173,18 @@ impl ConsumerConfig {
         }
         if self.sweep_interval.is_zero() {
             return Err(bad("consumer sweep_interval", "must be above zero"));
+        }
+        let park_timeout = match self.ordering {
+            Ordering::Strict { park_timeout } => park_timeout,
+            _ => Duration::ZERO,
+        };
+        for (what, value) in [
+            ("consumer handler_timeout", self.retry.handler_timeout),
+            ("consumer error_backoff", self.error_backoff),
+            ("consumer park_timeout", park_timeout),
+            ("consumer sweep_interval", self.sweep_interval),
+        ] {
+            crate::relay::config::at_most_longest(what, value)?;
         }
         self.retry.backoff.validate()
     }
@@ -205,6 +230,26 @@ mod tests {
             })
             .contains("park_timeout")
         );
+        assert!(check(|c| c.batch_size = MAX_BATCH_SIZE + 1).contains("65,535"));
+        let month = Duration::from_secs(30 * 86_400);
+        let long = |change: &dyn Fn(&mut ConsumerConfig)| {
+            let mut config = ConsumerConfig::default();
+            change(&mut config);
+            config.validate().unwrap_err().to_string()
+        };
+        assert!(long(&|c| c.retry.handler_timeout = month).contains("handler_timeout"));
+        assert!(
+            long(&|c| c.ordering = Ordering::Strict {
+                park_timeout: Duration::MAX
+            })
+            .contains("park_timeout")
+        );
+        assert!(long(&|c| c.sweep_interval = Duration::MAX).contains("sweep_interval"));
+        let widest = ConsumerConfig {
+            batch_size: MAX_BATCH_SIZE,
+            ..ConsumerConfig::default()
+        };
+        widest.validate().unwrap();
     }
 
     #[test]

@@ -61,7 +61,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use builder::{BuildError, BuildErrors, ConsumerBuilder};
-pub use config::{ConsumerConfig, Ordering, RetryPolicy, StrictStart};
+pub use config::{ConsumerConfig, MAX_BATCH_SIZE, Ordering, RetryPolicy, StrictStart};
 pub use handler::{EventMeta, Handler, HandlerError, Received, idempotency_key};
 pub use incoming::{Incoming, Outcome};
 pub use process::{ConsumerError, HANDLER_ENDED_TRANSACTION, SWALLOWED};

@@ -177,8 +177,22 @@ impl<S: ConsumerStore> Consumer<S> {
         self.handle(&Incoming::from_envelope(envelope, 1)).await
     }
 
-    /// Reads the envelope, finds the handler, decodes and upcasts.
+    /// Reads the envelope, finds the handler, decodes and upcasts. Why a
+    /// message is unreadable is stored, logged and shown to operators, so
+    /// its reason is made printable here, once: it quotes external text
+    /// (a header's value or name, a parser's error), and a NUL in it would
+    /// fail PostgreSQL's `text` at every delivery.
     pub(super) fn prepare<'a>(&'a self, incoming: &Incoming) -> Prepared<'a, StoreConnection<S>> {
+        match self.read_message(incoming) {
+            Prepared::Unreadable { envelope, reason } => Prepared::Unreadable {
+                envelope,
+                reason: crate::redact::printable(&reason).into_owned(),
+            },
+            prepared => prepared,
+        }
+    }
+
+    fn read_message<'a>(&'a self, incoming: &Incoming) -> Prepared<'a, StoreConnection<S>> {
         if let Some(problem) = incoming.problem() {
             return Prepared::Unreadable {
                 envelope: None,
@@ -205,6 +219,22 @@ impl<S: ConsumerStore> Consumer<S> {
             return Prepared::Unreadable {
                 envelope: None,
                 reason,
+            };
+        }
+        if envelope.aggregate_version == i64::MIN || envelope.aggregate_version == i64::MAX {
+            // The ordering policies read the version before and after a
+            // message's own; at the ends of i64 one of them does not exist,
+            // and the statements computing it would fail at every delivery.
+            return Prepared::Unreadable {
+                envelope: None,
+                reason: format!(
+                    "aggregate version {} of {}/{} is out of range: versions lie between {} and {}",
+                    envelope.aggregate_version,
+                    envelope.aggregate_type,
+                    envelope.aggregate_id,
+                    i64::MIN + 1,
+                    i64::MAX - 1
+                ),
             };
         }
         let Some(dispatch) = self.inner.handlers.get(envelope.event_type.as_str()) else {
@@ -706,7 +736,7 @@ impl<S: ConsumerStore> Consumer<S> {
         secrets.sort_unstable_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         secrets.dedup();
         let message = crate::redact::scrub_with_secrets(&failure.to_string(), &secrets);
-        failure.with_message(message)
+        failure.with_message(crate::redact::printable(&message).into_owned())
     }
 
     async fn count_start(&self, event_id: Uuid) -> Result<u32, ConsumerError> {

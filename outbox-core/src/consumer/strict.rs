@@ -91,7 +91,13 @@ impl<S: ConsumerStore> Consumer<S> {
                     .await
                     .map_err(self.db_error("locking the aggregate position"))?;
                 let next = sql
-                    .start_parked(&mut tx, name, aggregate, position.version + 1, PARKED_LEASE)
+                    .start_parked(
+                        &mut tx,
+                        name,
+                        aggregate,
+                        position.version.saturating_add(1),
+                        PARKED_LEASE,
+                    )
                     .await
                     .map_err(self.db_error("reading parked messages"))?;
                 tx.commit()
@@ -132,7 +138,7 @@ impl<S: ConsumerStore> Consumer<S> {
                 .lock_parked(&mut tx, name, envelope.id)
                 .await
                 .map_err(self.db_error("locking a parked message"))?;
-            if !still_parked || envelope.aggregate_version != position.version + 1 {
+            if !still_parked || envelope.aggregate_version != position.version.saturating_add(1) {
                 continue;
             }
             let incoming = Incoming::from_envelope(&envelope, parked.attempts);
@@ -375,7 +381,7 @@ impl<S: ConsumerStore> Consumer<S> {
                 }
             }
         }
-        let missing = position.version + 1;
+        let missing = position.version.saturating_add(1);
         let hole = sql
             .open_letter_at(&mut tx, name, aggregate, missing)
             .await

@@ -41,6 +41,26 @@ impl Default for Backoff {
     }
 }
 
+/// The longest any duration setting of the relay or a consumer may be:
+/// 2,147,483,647 ms, about 24.8 days, the most PostgreSQL takes for its
+/// timeouts (its settings are 32-bit milliseconds). Longer values used to
+/// fail every claim or transaction at run time, or overflow where a
+/// deadline is computed from them; `validate` refuses them at start.
+pub const LONGEST_SETTING: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// Refuses a duration setting above [`LONGEST_SETTING`].
+pub(crate) fn at_most_longest(what: &'static str, value: Duration) -> Result<(), ConfigError> {
+    if value > LONGEST_SETTING {
+        return Err(ConfigError::InvalidValue {
+            what,
+            reason: format!(
+                "{value:?} is longer than the longest setting, {LONGEST_SETTING:?} (PostgreSQL's 32-bit milliseconds)"
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl Backoff {
     /// The delay after the `attempt`-th failure (1-based), with jitter.
     pub fn delay(&self, attempt: u32) -> Duration {
@@ -60,6 +80,8 @@ impl Backoff {
             what: "relay backoff",
             reason,
         };
+        at_most_longest("backoff initial", self.initial)?;
+        at_most_longest("backoff max", self.max)?;
         if self.initial.is_zero() {
             return Err(bad(
                 "initial delay must be above zero (a zero delay is a hot retry loop)".into(),
@@ -123,7 +145,12 @@ pub struct RelayConfig {
     /// from PostgreSQL on its own connections (a client-side deadline): on
     /// a network that went silent (no reset, no answer) it drops the
     /// connection, reports a store error and opens a new session once
-    /// the network answers again.
+    /// the network answers again. That is PostgreSQL; on MySQL/MariaDB it
+    /// bounds a claim's lock waits (`innodb_lock_wait_timeout` and
+    /// `lock_wait_timeout` of the relay's connections, in whole seconds),
+    /// and a claim that times out is retried after `error_backoff` at its
+    /// size; on SQLite the pool's busy timeout (10 s) bounds the wait for
+    /// the write lock instead.
     pub statement_timeout: Duration,
     /// Partition ownership: a worker whose claiming session stays idle
     /// between claims this long (stalled, say) is cut off by PostgreSQL
@@ -227,6 +254,18 @@ impl RelayConfig {
         if self.error_backoff.is_zero() {
             return Err(bad("relay error_backoff", "must be above zero".into()));
         }
+        for (what, value) in [
+            ("relay poll_interval", self.poll_interval),
+            ("relay publish_timeout", self.publish_timeout),
+            ("relay claim_timeout", self.claim_timeout),
+            ("relay statement_timeout", self.statement_timeout),
+            ("relay lease", self.lease),
+            ("relay rebalance_interval", self.rebalance_interval),
+            ("relay error_backoff", self.error_backoff),
+            ("relay stats_interval", self.stats_interval),
+        ] {
+            at_most_longest(what, value)?;
+        }
         self.backoff.validate()
     }
 }
@@ -272,5 +311,31 @@ mod tests {
         assert!(check(|c| c.backoff.initial = Duration::ZERO).contains("hot retry loop"));
         assert!(check(|c| c.backoff.jitter = 1.5).contains("jitter"));
         RelayConfig::default().validate().unwrap();
+    }
+
+    /// Longer than PostgreSQL's 32-bit milliseconds: every claim used to
+    /// fail on its `SET`, or a deadline computed from the value overflowed.
+    #[test]
+    fn rejects_durations_longer_than_the_longest_setting() {
+        let month = Duration::from_secs(30 * 86_400);
+        let check = |change: &dyn Fn(&mut RelayConfig)| {
+            let mut config = RelayConfig::default();
+            change(&mut config);
+            config.validate().unwrap_err().to_string()
+        };
+        let claim = check(&|c| c.claim_timeout = month);
+        assert!(
+            claim.contains("relay claim_timeout") && claim.contains("longest setting"),
+            "{claim}"
+        );
+        assert!(check(&|c| c.statement_timeout = Duration::MAX).contains("statement_timeout"));
+        assert!(check(&|c| c.poll_interval = month).contains("poll_interval"));
+        assert!(check(&|c| c.backoff.max = Duration::MAX).contains("backoff max"));
+        let mut longest = RelayConfig {
+            claim_timeout: LONGEST_SETTING,
+            ..RelayConfig::default()
+        };
+        longest.backoff.max = LONGEST_SETTING;
+        longest.validate().unwrap();
     }
 }

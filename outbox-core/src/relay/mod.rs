@@ -27,7 +27,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-pub use config::{Backoff, FailedHeadPolicy, RelayConfig};
+pub use config::{Backoff, FailedHeadPolicy, LONGEST_SETTING, RelayConfig};
 pub use fence::fencing_token;
 pub use health::RelayHealth;
 pub use store::{

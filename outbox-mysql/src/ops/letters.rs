@@ -325,7 +325,7 @@ impl MySqlOps {
         .fetch_optional(&mut *tx)
         .await
         .map_err(OpsError::database("reading a position"))?;
-        let outcome = if position == Some(version - 1) {
+        let outcome = if position.is_some() && position == version.checked_sub(1) {
             sqlx::query(
                 "UPDATE outbox_consumer_positions SET version = ?, pinned = 1, updated_at = ?
                  WHERE consumer_name = ? AND aggregate_key = ?",
@@ -349,7 +349,7 @@ impl MySqlOps {
                 detail: Some(match position {
                     Some(at) => format!(
                         "the position is {at}; only a position at {} can pass version {version}",
-                        version - 1
+                        version.saturating_sub(1)
                     ),
                     None => "the consumer has no position for this aggregate".to_owned(),
                 }),

@@ -350,7 +350,7 @@ impl SqliteOps {
                     detail: Some(match position {
                         Some(at) => format!(
                             "the position is {at}; only a position at {} can pass version {version}",
-                            version - 1
+                            version.saturating_sub(1)
                         ),
                         None => "the consumer has no position for this aggregate".to_owned(),
                     }),
