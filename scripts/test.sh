@@ -24,3 +24,10 @@ if cargo tree --manifest-path tests/readme-sqlite/Cargo.toml -e normal --prefix 
     echo "tests/readme-sqlite pulls in sqlx-postgres: the README's SQLite set-up must not" >&2
     exit 1
 fi
+# The same for the README's MySQL section (outbox-core, outbox-mysql, the
+# in-process bus) against the MariaDB of MYSQL_URL, in a database of its own.
+cargo run --quiet --manifest-path tests/readme-mysql/Cargo.toml
+if cargo tree --manifest-path tests/readme-mysql/Cargo.toml -e normal --prefix none | grep -qE '^sqlx-(postgres|sqlite) '; then
+    echo "tests/readme-mysql pulls in another database's driver: the README's MySQL set-up must not" >&2
+    exit 1
+fi
