@@ -186,7 +186,7 @@ fn admit<S>(
                 .into(),
         ));
     }
-    let fields = Fields::parse(body);
+    let fields = Fields::parse(body)?;
     if !shared.csrf.accepts(operator, fields.get("csrf")) {
         return Err(ConsoleError::Forbidden(
             "missing or wrong CSRF token: reload the page and try again".into(),

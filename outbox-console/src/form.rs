@@ -10,13 +10,24 @@ use crate::ConsoleError;
 pub(crate) struct Fields(Vec<(String, String)>);
 
 impl Fields {
-    /// Parses `application/x-www-form-urlencoded` text.
-    pub(crate) fn parse(text: &[u8]) -> Fields {
-        Fields(
-            form_urlencoded::parse(text)
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect(),
-        )
+    /// Parses `application/x-www-form-urlencoded` text. A NUL character
+    /// (`%00`) in a name or value is refused: no store's filters can hold
+    /// one (PostgreSQL's `text` refuses it), and the page would otherwise
+    /// answer with a database error.
+    pub(crate) fn parse(text: &[u8]) -> Result<Fields, ConsoleError> {
+        let fields: Vec<(String, String)> = form_urlencoded::parse(text)
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if let Some((name, _)) = fields
+            .iter()
+            .find(|(k, v)| k.contains('\0') || v.contains('\0'))
+        {
+            return Err(ConsoleError::BadRequest(format!(
+                "field {:?} contains a NUL character",
+                name.replace('\0', "\\0")
+            )));
+        }
+        Ok(Fields(fields))
     }
 
     /// The first non-empty value of `name`, trimmed.
@@ -98,20 +109,24 @@ mod tests {
 
     #[test]
     fn repeated_fields_and_times() {
-        let fields = Fields::parse(b"id=a&id=&id=b&since=2026-12-06T05%3A40&limit=x");
+        let fields = Fields::parse(b"id=a&id=&id=b&since=2026-12-06T05%3A40&limit=x").unwrap();
         assert_eq!(fields.all("id"), vec!["a", "b"]);
         assert_eq!(
             fields.time("since").unwrap().unwrap().to_rfc3339(),
             "2026-12-06T05:40:00+00:00"
         );
         assert!(fields.number("limit").is_err());
-        let day = Fields::parse(b"since=2026-12-06&until=06.12.2026");
+        let day = Fields::parse(b"since=2026-12-06&until=06.12.2026").unwrap();
         assert_eq!(
             day.time("since").unwrap().unwrap().to_rfc3339(),
             "2026-12-06T00:00:00+00:00",
             "a date alone is the start of that day"
         );
         assert!(day.time("until").is_err());
+        // %00 would reach the store's filter and fail there (a 500 on
+        // PostgreSQL): refused as a bad request.
+        let nul = Fields::parse(b"event_type=a%00b").unwrap_err().to_string();
+        assert!(nul.contains("event_type") && nul.contains("NUL"), "{nul}");
         assert_eq!(query([("a", "x y".into()), ("b", String::new())]), "a=x+y");
     }
 }

@@ -224,8 +224,8 @@ impl MySqlRelayStore {
 
     /// Deletes up to `batch` published events older than `age`, and up to
     /// `batch` idempotency keys older than `keep_keys`; returns how many
-    /// events went. Call it in a loop until it returns less than `batch`.
-    /// `batch` is taken within `1..=100_000` (a batch below 1 deletes one
+    /// events went. `batch` is taken within `1..=100_000`: call it again
+    /// while it returns that many (a batch below 1 deletes one
     /// row of each; MySQL refuses a negative `LIMIT`).
     pub async fn purge_published(
         &self,

@@ -199,8 +199,8 @@ impl SqliteRelayStore {
 
     /// Deletes up to `batch` published events older than `age`, and up to
     /// `batch` idempotency keys older than `keep_keys`; returns how many
-    /// events went. Call it in a loop until it returns less than `batch`.
-    /// `batch` is taken within `1..=100_000` (a batch below 1 deletes one
+    /// events went. `batch` is taken within `1..=100_000`: call it again
+    /// while it returns that many (a batch below 1 deletes one
     /// row of each: SQLite would read a negative one as "no limit").
     pub async fn purge_published(
         &self,
@@ -246,7 +246,9 @@ pub async fn start_relay<T: Transport>(
 }
 
 fn decode_claimed(row: &SqliteRow) -> Result<ClaimedEvent, sqlx::Error> {
-    let (payload, unreadable) = ClaimedEvent::read_payload(row.try_get("payload")?);
+    // As bytes: a BLOB (or text that is not UTF-8) in the `TEXT` column
+    // is an unreadable payload, not a claim that fails at every try.
+    let (payload, unreadable) = ClaimedEvent::read_payload_bytes(row.try_get("payload")?);
     let schema_version: i64 = row.try_get("schema_version")?;
     let attempts: i64 = row.try_get("attempt_count")?;
     Ok(ClaimedEvent {

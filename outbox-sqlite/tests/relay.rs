@@ -337,9 +337,40 @@ async fn retention_purges_old_published_events_and_keeps_pending_ones() {
     assert_eq!(db.count("pending").await, 1);
 }
 
+/// SQLite keeps whatever is written into its `TEXT` payload column, a
+/// BLOB of bytes that are not UTF-8 included: the claim hands such a row
+/// over as unreadable, with the reason, instead of failing on it (which
+/// stopped every claim at that row).
+#[tokio::test]
+async fn a_payload_that_is_not_text_is_claimed_as_unreadable_not_a_failed_claim() {
+    let db = TestDb::new().await;
+    emit_one(&db, "broken").await;
+    emit_one(&db, "sound").await;
+    sqlx::query("UPDATE outbox_events SET payload = X'FF00' WHERE aggregate_id = 'broken'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let store = SqliteRelayStore::new(db.pool.clone(), &config());
+    let claim = store.claim(10).await.unwrap();
+    let unreadable: Vec<(&str, Option<&str>)> = claim
+        .events()
+        .iter()
+        .map(|e| (e.envelope.aggregate_id.as_str(), e.unreadable.as_deref()))
+        .collect();
+    assert_eq!(unreadable.len(), 2, "{unreadable:?}");
+    let broken = unreadable.iter().find(|(id, _)| *id == "broken").unwrap().1;
+    assert!(
+        broken.is_some_and(|reason| reason.contains("not UTF-8")),
+        "{broken:?}"
+    );
+    let sound = unreadable.iter().find(|(id, _)| *id == "sound").unwrap().1;
+    assert_eq!(sound, None);
+    claim.release().await.unwrap();
+}
+
 /// SQLite reads a negative `LIMIT` as "no limit" and a zero one as
 /// "nothing": a purge asked for a batch of 0 or -1 deletes one row at a
-/// time (a loop over it ends), not nothing and not everything.
+/// time, not nothing and not everything.
 #[tokio::test]
 async fn a_purge_batch_below_one_deletes_one_row_at_a_time() {
     let db = TestDb::new().await;

@@ -433,6 +433,15 @@ async fn every_view_shows_the_incident_with_payloads_redacted() {
     get(&router, "/events?status=lost")
         .await
         .expect(StatusCode::BAD_REQUEST);
+    // A NUL in a filter or a path is the request's fault, named as such,
+    // not a database error from PostgreSQL's `text`.
+    let nul = get(&router, "/events?event_type=a%00b")
+        .await
+        .expect(StatusCode::BAD_REQUEST);
+    assert!(nul.body.contains("NUL character"), "{}", nul.body);
+    get(&router, "/consumers/bil%00ling/dead_lettered")
+        .await
+        .expect(StatusCode::BAD_REQUEST);
     get(&router, "/audit").await.expect(StatusCode::OK);
     get(&router, "/assets/console.js")
         .await

@@ -16,7 +16,7 @@ pub(crate) async fn page<S: ConsoleStore>(
     Extension(operator): Extension<Operator>,
     RawQuery(raw): RawQuery,
 ) -> Result<Markup, ConsoleError> {
-    let fields = Fields::parse(raw.unwrap_or_default().as_bytes());
+    let fields = Fields::parse(raw.unwrap_or_default().as_bytes())?;
     let page = shared
         .store
         .audit(fields.number("before")?, fields.number("limit")?)

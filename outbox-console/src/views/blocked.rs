@@ -15,7 +15,7 @@ pub(crate) async fn page<S: ConsoleStore>(
     Extension(operator): Extension<Operator>,
     RawQuery(raw): RawQuery,
 ) -> Result<Markup, ConsoleError> {
-    let fields = Fields::parse(raw.unwrap_or_default().as_bytes());
+    let fields = Fields::parse(raw.unwrap_or_default().as_bytes())?;
     let limit = fields.number("limit")?.unwrap_or(100).clamp(1, 1000);
     let blocked = shared.store.blocked(limit).await?;
     let base = &shared.base;

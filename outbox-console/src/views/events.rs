@@ -67,7 +67,7 @@ pub(crate) async fn list<S: ConsoleStore>(
     Extension(operator): Extension<Operator>,
     RawQuery(raw): RawQuery,
 ) -> Result<Markup, ConsoleError> {
-    let fields = Fields::parse(raw.unwrap_or_default().as_bytes());
+    let fields = Fields::parse(raw.unwrap_or_default().as_bytes())?;
     let filter = event_filter(&fields)?;
     let page = shared.store.events(&filter).await?;
     let status = filter.status.as_str();

@@ -28,6 +28,14 @@ const FILTER_FIELDS: [&str; 7] = [
 ];
 
 /// `quarantined` or `dead_lettered` from a path.
+/// A consumer name from a path: one a consumer can have (no store keeps
+/// another), or a bad request before any store is asked (a `%00` in it
+/// would fail PostgreSQL's `text`).
+fn check_consumer(name: &str) -> Result<(), ConsoleError> {
+    outbox_core::consumer::validate_consumer_name(name)
+        .map_err(|error| ConsoleError::BadRequest(error.to_string()))
+}
+
 pub(crate) fn kind_of(name: &str) -> Result<LetterKind, ConsoleError> {
     match name {
         "quarantined" => Ok(LetterKind::Quarantined),
@@ -146,11 +154,12 @@ pub(crate) async fn list<S: ConsoleStore>(
     Path((consumer, kind)): Path<(String, String)>,
     RawQuery(raw): RawQuery,
 ) -> Result<Markup, ConsoleError> {
+    check_consumer(&consumer)?;
     let kind = kind_of(&kind)?;
     if !shared.store.keeps_letters() {
         return Err(ConsoleError::NoConsumerTables);
     }
-    let fields = Fields::parse(raw.unwrap_or_default().as_bytes());
+    let fields = Fields::parse(raw.unwrap_or_default().as_bytes())?;
     let filter = letter_filter(&consumer, kind, &fields)?;
     let base = &shared.base;
     let here = format!("{base}/consumers/{}/{}", seg(&consumer), kind.as_str());
@@ -379,6 +388,7 @@ pub(crate) async fn detail<S: ConsoleStore>(
     Extension(operator): Extension<Operator>,
     Path((consumer, kind, id)): Path<(String, String, String)>,
 ) -> Result<Markup, ConsoleError> {
+    check_consumer(&consumer)?;
     let kind = kind_of(&kind)?;
     let id: i64 = id
         .parse()

@@ -115,7 +115,10 @@ impl<S: ConsumerStore> Consumer<S> {
     /// then each message's policy and handler, each aggregate's in version
     /// order. When a handler fails, the batch rolls back and every message
     /// is processed on its own, so each gets exactly the outcome it would
-    /// have alone.
+    /// have alone. Give it at most [`MAX_BATCH_SIZE`](super::MAX_BATCH_SIZE)
+    /// messages (the consumer's own task never takes more than its
+    /// `batch_size`): a store's batch statements bind a few values per
+    /// message, and MySQL refuses a statement with more than 65,535.
     pub async fn handle_batch(&self, batch: &[Incoming]) -> Result<Vec<Outcome>, ConsumerError> {
         let refs: Vec<&Incoming> = batch.iter().collect();
         self.handle_refs(&refs).await

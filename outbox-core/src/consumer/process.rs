@@ -644,7 +644,7 @@ impl<S: ConsumerStore> Consumer<S> {
             envelope: Some(envelope),
             headers: incoming.headers_json(),
             payload: incoming.payload(),
-            reason: &reason,
+            reason: &crate::redact::printable(&reason),
             attempts,
         };
         let written = self
@@ -815,12 +815,16 @@ impl<S: ConsumerStore> Consumer<S> {
         envelope: Option<&Envelope>,
         reason: &str,
     ) -> Result<bool, ConsumerError> {
+        // Reasons quote aggregate ids and versions (a strict hole's); the
+        // reasons of unreadable messages and handler errors are printable
+        // already.
+        let reason = crate::redact::printable(reason);
         let letter = Letter {
             kind,
             envelope,
             headers: incoming.headers_json(),
             payload: incoming.payload(),
-            reason,
+            reason: &reason,
             attempts: incoming.attempt(),
         };
         self.inner

@@ -63,6 +63,19 @@ impl ClaimedEvent {
             ),
         }
     }
+
+    /// As [`read_payload`](Self::read_payload), for a store whose payload
+    /// column may hold bytes that are not UTF-8 (SQLite keeps a BLOB in a
+    /// `TEXT` column).
+    pub fn read_payload_bytes(payload: Vec<u8>) -> (Box<RawValue>, Option<String>) {
+        match String::from_utf8(payload) {
+            Ok(text) => Self::read_payload(text),
+            Err(error) => (
+                RawValue::NULL.to_owned(),
+                Some(format!("the stored payload is not UTF-8 text: {error}")),
+            ),
+        }
+    }
 }
 
 /// A failed publish to record.
