@@ -55,6 +55,19 @@ async fn emit_notes(db: &TestDb, boards: usize, versions: usize) {
     }
 }
 
+/// Claims up to `limit` events and records them all as published.
+async fn publish_claimed(store: &SqliteRelayStore, limit: usize) {
+    let claim = store.claim(limit).await.unwrap();
+    let ids = claim.events().iter().map(|e| e.envelope.id).collect();
+    claim
+        .complete(BatchOutcome {
+            published: ids,
+            failed: vec![],
+        })
+        .await
+        .unwrap();
+}
+
 async fn emit_one(db: &TestDb, board: &str) {
     let mut tx = db.pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
     SqliteOutbox::new()
@@ -318,15 +331,7 @@ async fn retention_purges_old_published_events_and_keeps_pending_ones() {
         emit_one(&db, "old").await;
     }
     let store = SqliteRelayStore::new(db.pool.clone(), &config());
-    let claim = store.claim(2).await.unwrap();
-    let ids = claim.events().iter().map(|e| e.envelope.id).collect();
-    claim
-        .complete(BatchOutcome {
-            published: ids,
-            failed: vec![],
-        })
-        .await
-        .unwrap();
+    publish_claimed(&store, 2).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let purged = store
         .purge_published(Duration::from_millis(10), Duration::from_secs(3600), 100)
@@ -378,15 +383,7 @@ async fn a_purge_batch_below_one_deletes_one_row_at_a_time() {
         emit_one(&db, "old").await;
     }
     let store = SqliteRelayStore::new(db.pool.clone(), &config());
-    let claim = store.claim(3).await.unwrap();
-    let ids = claim.events().iter().map(|e| e.envelope.id).collect();
-    claim
-        .complete(BatchOutcome {
-            published: ids,
-            failed: vec![],
-        })
-        .await
-        .unwrap();
+    publish_claimed(&store, 3).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let age = Duration::from_millis(10);
     let keys = Duration::from_secs(3600);
