@@ -438,3 +438,59 @@ async fn a_claim_never_takes_versions_leased_by_another() {
     held.release().await.unwrap();
     db.drop_database().await;
 }
+
+/// `statement_timeout` bounds what a MySQL claim waits for a lock: with
+/// the outbox table locked by another session (`LOCK TABLES … WRITE`, as
+/// a migration's DDL holds its metadata lock), the claim fails after the
+/// timeout, naming the lock wait, instead of waiting for the server's
+/// default `lock_wait_timeout` of a year; once the table is free the next
+/// claim goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_behind_a_table_lock_fails_after_the_statement_timeout() {
+    use outbox_core::relay::{ClaimedBatch, RelayStore};
+
+    let db = MySqlTestDb::new().await;
+    let outbox = MySqlOutbox::new();
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox.emit(&mut tx, &Ticked::new("c1", 1)).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let mut locker = db.pool.acquire().await.unwrap();
+    sqlx::query("LOCK TABLES outbox_events WRITE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let store = outbox_mysql::MySqlRelayStore::new(
+        db.pool.clone(),
+        &outbox_core::relay::RelayConfig {
+            statement_timeout: Duration::from_secs(1),
+            ..outbox_core::relay::RelayConfig::default()
+        },
+    );
+    let started = std::time::Instant::now();
+    let claim = tokio::time::timeout(Duration::from_secs(30), store.claim(10))
+        .await
+        .expect("the claim waited for the table lock past 30 s: no lock wait bound");
+    let error = claim.expect_err("a claim went through a table another session locked");
+    assert!(
+        error
+            .to_string()
+            .to_lowercase()
+            .contains("lock wait timeout"),
+        "{error}"
+    );
+    eprintln!(
+        "claim behind a table lock failed after {:?}",
+        started.elapsed()
+    );
+
+    sqlx::query("UNLOCK TABLES")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    drop(locker);
+    let batch = store.claim(10).await.unwrap();
+    assert_eq!(batch.events().len(), 1);
+    batch.release().await.unwrap();
+    db.drop_database().await;
+}
