@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use chrono::DateTime;
 use outbox_core::Envelope;
+use outbox_core::relay::retention::delete_batch;
 use outbox_core::relay::{
     BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, FailedHeadPolicy,
     OutboxStats, Relay, RelayConfig, RelayStore, StoreError, WakeupListener,
@@ -234,7 +235,7 @@ impl MySqlRelayStore {
         batch: i64,
     ) -> Result<u64, StoreError> {
         let now = now_ms();
-        let batch = batch.clamp(1, 100_000);
+        let batch = delete_batch(batch);
         let events = sqlx::query(
             "DELETE FROM outbox_events WHERE status = 'published' AND published_at < ?
              ORDER BY published_at LIMIT ?",

@@ -30,6 +30,7 @@ use crate::session::{SessionSettings, WorkerSession, within};
 use crate::sql::RelaySql;
 use outbox_core::Envelope;
 use outbox_core::relay::FailedHeadPolicy;
+use outbox_core::relay::retention::delete_batch;
 use outbox_core::relay::{
     BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, OutboxStats,
     RelayStore, StoreError, WakeupListener,
@@ -387,7 +388,7 @@ impl PgRelayStore {
     pub async fn purge_published(&self, age: Duration, batch: i64) -> Result<u64, StoreError> {
         sqlx::query(AssertSqlSafe(self.sql.purge_published.as_str()))
             .bind(age.as_secs_f64())
-            .bind(batch.clamp(1, 100_000))
+            .bind(delete_batch(batch))
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())
@@ -403,7 +404,7 @@ impl PgRelayStore {
     ) -> Result<u64, StoreError> {
         sqlx::query(AssertSqlSafe(self.sql.purge_keys.as_str()))
             .bind(age.as_secs_f64())
-            .bind(batch.clamp(1, 100_000))
+            .bind(delete_batch(batch))
             .execute(&self.pool)
             .await
             .map(|done| done.rows_affected())

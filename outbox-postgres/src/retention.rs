@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use outbox_core::metrics as m;
-use outbox_core::relay::retention::{RetentionConfig, RetentionReport};
+use outbox_core::relay::retention::{RetentionConfig, RetentionReport, delete_batch};
 use outbox_core::relay::{DrainTimeout, StoreError};
 use outbox_core::store::ConfigError;
 use tokio::sync::watch;
@@ -21,7 +21,7 @@ pub async fn run_once(
     config: &RetentionConfig,
     label: &str,
 ) -> Result<RetentionReport, StoreError> {
-    let batch_size = config.batch_size.clamp(1, 100_000);
+    let batch_size = delete_batch(config.batch_size);
     let mut report = RetentionReport::default();
     loop {
         let deleted = store

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use chrono::DateTime;
 use outbox_core::Envelope;
+use outbox_core::relay::retention::delete_batch;
 use outbox_core::relay::{
     BatchOutcome, BlockedAggregate, ClaimedBatch, ClaimedEvent, EventTypeStats, FailedHeadPolicy,
     OutboxStats, Relay, RelayConfig, RelayStore, StoreError, WakeupListener,
@@ -209,7 +210,7 @@ impl SqliteRelayStore {
         batch: i64,
     ) -> Result<u64, StoreError> {
         let now = now_ms();
-        let batch = batch.clamp(1, 100_000);
+        let batch = delete_batch(batch);
         let events = sqlx::query(
             "DELETE FROM outbox_events WHERE seq IN (
                 SELECT seq FROM outbox_events

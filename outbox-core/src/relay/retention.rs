@@ -10,6 +10,17 @@ use std::time::Duration;
 
 use crate::store::ConfigError;
 
+/// The most rows one retention or cleanup statement deletes.
+pub const MAX_DELETE_BATCH: i64 = 100_000;
+
+/// `batch` taken within `1..=`[`MAX_DELETE_BATCH`]: every store's purge and
+/// cleanup deletes with it, so a batch of 0 cannot keep a loop that waits
+/// for a short batch going for ever, and a negative one (SQLite's "no
+/// limit") cannot delete everything in one statement.
+pub fn delete_batch(batch: i64) -> i64 {
+    batch.clamp(1, MAX_DELETE_BATCH)
+}
+
 /// Retention settings.
 #[derive(Debug, Clone)]
 pub struct RetentionConfig {
@@ -44,10 +55,10 @@ impl RetentionConfig {
     /// Checks the settings: a batch size within 1..=100000 and an interval
     /// above zero.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(1..=100_000).contains(&self.batch_size) {
+        if delete_batch(self.batch_size) != self.batch_size {
             return Err(ConfigError::InvalidValue {
                 what: "retention batch_size",
-                reason: format!("{} is outside 1..=100000", self.batch_size),
+                reason: format!("{} is outside 1..={MAX_DELETE_BATCH}", self.batch_size),
             });
         }
         if self.interval.is_zero() {

@@ -290,7 +290,7 @@ impl MySqlOps {
         .await
         .map_err(OpsError::database("writing the audit row"))?
         .last_insert_id() as i64;
-        let batch = plan.batch.clamp(1, 100_000);
+        let batch = outbox_core::relay::retention::delete_batch(plan.batch);
         loop {
             let gone = sqlx::query(
                 "DELETE FROM outbox_events WHERE status = 'published' AND published_at < ?

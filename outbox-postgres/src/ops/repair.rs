@@ -336,7 +336,7 @@ impl Ops {
             outbox_core::relay::FailedHeadPolicy::Block,
             Duration::from_secs(120),
         );
-        let batch = plan.batch.clamp(1, 100_000);
+        let batch = outbox_core::relay::retention::delete_batch(plan.batch);
         loop {
             let gone = store
                 .purge_published(plan.events_older_than, batch)

@@ -76,7 +76,7 @@ impl SqliteOps {
             ),
         ]);
         let audit_id = open_audit(&self.pool, request, "relay.cleanup", "relay", &ids).await?;
-        let batch = plan.batch.clamp(1, 100_000);
+        let batch = outbox_core::relay::retention::delete_batch(plan.batch);
         loop {
             let gone = sqlx::query(DELETE_EVENTS)
                 .bind(events_before)
